@@ -1,0 +1,42 @@
+"""The Efficient Deep Learning Systems teaching kit: the helpers every lecture notebook calls.
+
+Import what a notebook needs straight from the package, e.g.
+``from helpers import describe, timeit, matmul_sweep``.
+"""
+import logging
+
+# torch warns on every import of its C++-extension module when no CUDA runtime is
+# installed; on a GPU-less laptop that is noise, not news.
+logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+
+from .bench import (  # noqa: E402
+    benchmark_mistakes,
+    caching_allocator_demo,
+    copy_compute_overlap,
+    cudnn_benchmark_demo,
+    matmul_gflops,
+    matmul_sweep,
+    tensor_core_shapes,
+    time_matmul,
+    timeit,
+    transfer_sweep,
+)
+from .device import describe, gpu_available, peak_flops, pick_device, synchronize  # noqa: E402
+
+__all__ = [
+    "benchmark_mistakes",
+    "caching_allocator_demo",
+    "copy_compute_overlap",
+    "cudnn_benchmark_demo",
+    "describe",
+    "gpu_available",
+    "matmul_gflops",
+    "matmul_sweep",
+    "peak_flops",
+    "pick_device",
+    "synchronize",
+    "tensor_core_shapes",
+    "time_matmul",
+    "timeit",
+    "transfer_sweep",
+]

@@ -1,0 +1,149 @@
+"""Every chart in the kit, in one style: same sizes, fonts, grid and colours for the same things.
+
+Reports call these functions from their ``plot()`` methods; notebooks rarely
+need matplotlib directly.
+"""
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import matplotlib.pyplot as plt
+from matplotlib.ticker import FuncFormatter
+
+STYLE = {
+    "figure.figsize": (7.0, 4.2),
+    "figure.dpi": 100,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.titlesize": 12,
+    "axes.titleweight": "bold",
+    "axes.labelsize": 10,
+    "legend.fontsize": 9,
+    "legend.frameon": False,
+    "lines.linewidth": 2.0,
+    "lines.markersize": 5,
+}
+
+# Fixed colours for the things the kit compares most, so a chart reads the same everywhere.
+NAMED_COLORS = {
+    "cpu": "#1f77b4",
+    "cuda": "#2ca02c",
+    "gpu": "#2ca02c",
+    "pageable": "#d62728",
+    "pinned": "#2ca02c",
+    "host copy": "#1f77b4",
+    "input": "#9467bd",
+    "inputs": "#9467bd",
+    "weights": "#ff7f0e",
+    "parameters": "#ff7f0e",
+    "outputs": "#1f77b4",
+    "activations": "#1f77b4",
+    "gradients": "#d62728",
+    "weight gradients": "#d62728",
+    "output gradients": "#e377c2",
+    "optimizer state": "#8c564b",
+    "temporaries": "#7f7f7f",
+    "wrong": "#d62728",
+    "right": "#2ca02c",
+    "waiting": "#d62728",
+    "computing": "#2ca02c",
+}
+CYCLE = ["#1f77b4", "#2ca02c", "#ff7f0e", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
+
+
+def apply_style() -> None:
+    """Install the kit's matplotlib defaults (called on import)."""
+    plt.rcParams.update(STYLE)
+
+
+def color_for(label: str, index: int = 0) -> str:
+    """The colour of a named thing ('cpu', 'pinned', 'weights', ...), else the index-th cycle colour."""
+    key = label.lower()
+    for name, color in NAMED_COLORS.items():
+        if key == name or key.startswith(name + " "):
+            return color
+    return CYCLE[index % len(CYCLE)]
+
+
+def new_axes(ax=None, *, title: str = "", xlabel: str = "", ylabel: str = "", logx: bool = False, logy: bool = False):
+    """Return ``ax`` (or a fresh one) with the title, labels and log scales set."""
+    if ax is None:
+        _, ax = plt.subplots()
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if logx:
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(FuncFormatter(_plain_number))
+    if logy:
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(FuncFormatter(_plain_number))
+    return ax
+
+
+def _plain_number(value: float, _position=None) -> str:
+    """Tick labels as plain numbers (1,024 rather than 2^10 or 1e3)."""
+    return f"{value:,.0f}" if value >= 1 else f"{value:g}"
+
+
+def line_chart(series: Mapping[str, tuple[Sequence[float], Sequence[float]]], ax=None, *, styles: Mapping[str, str] | None = None, **labels):
+    """One line with markers per named series of (x, y); ``styles`` maps a name to a line style."""
+    ax = new_axes(ax, **labels)
+    for i, (name, (x, y)) in enumerate(series.items()):
+        ax.plot(x, y, marker="o", label=name, color=color_for(name, i), linestyle=(styles or {}).get(name, "-"))
+    if len(series) > 1:
+        ax.legend()
+    return ax
+
+
+def grouped_bars(categories: Sequence[str], groups: Mapping[str, Sequence[float]], ax=None, **labels):
+    """Side-by-side bars: one group of bars per category, one bar per named group."""
+    ax = new_axes(ax, **labels)
+    width = 0.8 / max(len(groups), 1)
+    for i, (name, values) in enumerate(groups.items()):
+        xs = [c + (i - (len(groups) - 1) / 2) * width for c in range(len(categories))]
+        ax.bar(xs, values, width=width, label=name, color=color_for(name, i))
+    ax.set_xticks(range(len(categories)), categories, rotation=30 if len(categories) > 6 else 0, ha="right" if len(categories) > 6 else "center")
+    ax.legend()
+    return ax
+
+
+def stacked_bars(categories: Sequence[str], parts: Mapping[str, Sequence[float]], ax=None, **labels):
+    """One bar per category, stacked from the named parts (e.g. inputs, weights, outputs)."""
+    ax = new_axes(ax, **labels)
+    bottom = [0.0] * len(categories)
+    for i, (name, values) in enumerate(parts.items()):
+        ax.bar(range(len(categories)), values, bottom=bottom, label=name, color=color_for(name, i))
+        bottom = [b + v for b, v in zip(bottom, values)]
+    ax.set_xticks(range(len(categories)), categories, rotation=45 if len(categories) > 6 else 0, ha="right" if len(categories) > 6 else "center")
+    ax.legend()
+    return ax
+
+
+def pie_chart(shares: Mapping[str, float], ax=None, *, title: str = ""):
+    """A pie of named shares, labelled with percentages; zero shares are left out."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(5, 5))
+    items = [(k, v) for k, v in shares.items() if v > 0]
+    ax.pie(
+        [v for _, v in items],
+        labels=[k for k, _ in items],
+        colors=[color_for(k, i) for i, (k, _) in enumerate(items)],
+        autopct="%1.1f%%",
+        startangle=90,
+        counterclock=False,
+    )
+    ax.set_title(title)
+    ax.axis("equal")
+    return ax
+
+
+def horizontal_line(ax, y: float, label: str, color: str = "black") -> None:
+    """A dashed reference line (a limit, a peak) with its label at the right end."""
+    ax.axhline(y, linestyle="--", color=color, linewidth=1.2)
+    ax.annotate(label, xy=(1.0, y), xycoords=("axes fraction", "data"), ha="right", va="bottom", fontsize=9, color=color)
+
+
+apply_style()

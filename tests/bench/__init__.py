@@ -1,0 +1,43 @@
+"""Benchmarks behind ``make bench``.
+
+Each ``bench_<name>.py`` module defines ``run(quick: bool) -> BenchResult``: a
+report (printed as a table, saved as JSON) and the targets it checks.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from helpers.report import Report
+
+
+@dataclass
+class Target:
+    """One checked figure: what it is, what was measured, what is required, and the verdict."""
+
+    what: str
+    measured: float | None
+    required: str
+    status: str  # "pass", "fail", or "n/a" (cannot be measured on this machine)
+
+    @classmethod
+    def at_least(cls, what: str, measured: float | None, minimum: float, unit: str = "") -> "Target":
+        if measured is None:
+            return cls(what, None, f">= {minimum:g}{unit}", "n/a")
+        return cls(what, measured, f">= {minimum:g}{unit}", "pass" if measured >= minimum else "fail")
+
+    @classmethod
+    def at_most(cls, what: str, measured: float | None, maximum: float, unit: str = "") -> "Target":
+        if measured is None:
+            return cls(what, None, f"<= {maximum:g}{unit}", "n/a")
+        return cls(what, measured, f"<= {maximum:g}{unit}", "pass" if measured <= maximum else "fail")
+
+    @classmethod
+    def not_here(cls, what: str, required: str, why: str) -> "Target":
+        return cls(f"{what} ({why})", None, required, "n/a")
+
+
+@dataclass
+class BenchResult:
+    name: str
+    reports: list[Report]
+    targets: list[Target] = field(default_factory=list)

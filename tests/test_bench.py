@@ -1,0 +1,136 @@
+"""helpers.bench: the timer, the throughput arithmetic, and GPU-only demos on a machine without one."""
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from helpers import bench
+from helpers.device import peak_flops
+
+from .bench.bench_matmul import timer_agreement
+
+
+def spin(seconds: float) -> None:
+    """Busy-wait: a function whose duration is known and does not depend on the scheduler's sleep."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def test_timeit_measures_a_function_of_known_duration():
+    measurement = bench.timeit(spin, 0.005, min_run_time=0.2)
+    assert 0.005 <= measurement.median < 0.0055
+
+
+def test_timeit_excludes_the_warm_up_call():
+    calls = []
+
+    def slow_first_call():
+        spin(0.05 if not calls else 0.001)
+        calls.append(1)
+
+    measurement = bench.timeit(slow_first_call, min_run_time=0.05)
+    assert measurement.median < 0.002
+    assert len(calls) > 10
+
+
+def test_timeit_uses_every_torch_thread_by_default():
+    measurement = bench.timeit(torch.zeros, 10, min_run_time=0.01)
+    assert measurement.task_spec.num_threads == torch.get_num_threads()
+    assert bench.timeit(torch.zeros, 10, min_run_time=0.01, num_threads=1).task_spec.num_threads == 1
+
+
+def test_timeit_agrees_with_torch_benchmark_on_a_1024_matmul():
+    agreement = timer_agreement(n=1024, rounds=5, min_run_time=0.3)
+    assert agreement.threads == torch.get_num_threads()
+    assert agreement.difference_pct <= 10, agreement.table()
+
+
+def test_matmul_gflops_is_two_n_cubed_over_time():
+    assert bench.matmul_gflops(1000, 2.0) == pytest.approx(1.0)
+    assert bench.matmul_gflops(2048, 1e-3) == pytest.approx(2 * 2048**3 / 1e-3 / 1e9)
+
+
+def test_time_matmul_derives_throughput_and_share_of_peak():
+    point = bench.time_matmul(128, "cpu", "fp32", min_run_time=0.02)
+    assert point.gflops == pytest.approx(bench.matmul_gflops(128, point.seconds))
+    peak = peak_flops("cpu", "fp32")
+    if peak is None:
+        assert point.pct_of_peak is None
+    else:
+        assert point.pct_of_peak == pytest.approx(100 * point.gflops / (peak / 1e9))
+
+
+def test_matmul_sweep_covers_every_size_and_dtype_and_plots():
+    sweep = bench.matmul_sweep(sizes=(32, 64), devices=["cpu"], dtypes=["fp32", "bf16"], min_run_time=0.01)
+    assert [(p.dtype, p.n) for p in sweep.rows] == [("fp32", 32), ("fp32", 64), ("bf16", 32), ("bf16", 64)]
+    assert set(sweep.curves()) == {"cpu fp32", "cpu bf16"}
+    assert sweep.best("cpu", "fp32").gflops == max(p.gflops for p in sweep.rows if p.dtype == "fp32")
+    ax = sweep.plot()
+    assert len(ax.get_lines()) >= 2
+    assert "GFLOP/s" in str(sweep)
+
+
+def test_tf32_context_restores_the_previous_precision():
+    before = torch.backends.cuda.matmul.fp32_precision
+    with bench.matmul_precision("tf32"):
+        assert torch.backends.cuda.matmul.fp32_precision == "tf32"
+    assert torch.backends.cuda.matmul.fp32_precision == before
+
+
+def _one_notice(capsys) -> str:
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("No GPU here")]
+    assert len(lines) == 1
+    return lines[0]
+
+
+def test_transfer_sweep_on_the_cpu_explains_and_measures_host_copies(capsys):
+    report = bench.transfer_sweep(sizes_mib=(1,), device="cpu", min_run_time=0.01)
+    assert "host-to-device" in _one_notice(capsys)
+    assert report.rows[0].pinned_gbs is None and report.rows[0].host_copy_gbs > 0
+
+
+def test_overlap_on_the_cpu_reports_the_sequential_cost(capsys):
+    report = bench.copy_compute_overlap("cpu", batches=2, batch_mib=1, compute_n=64)
+    _one_notice(capsys)
+    assert report.seconds("copy then compute") == pytest.approx(report.seconds("copies only") + report.seconds("compute only"))
+
+
+def test_cudnn_demo_on_the_cpu_compares_onednn_on_and_off(capsys):
+    report = bench.cudnn_benchmark_demo("cpu", batch=2, channels=8, size=16, filters=8)
+    _one_notice(capsys)
+    assert [r.setting for r in report.rows] == ["oneDNN (mkldnn) off", "oneDNN (mkldnn) on"]
+    assert report.forward_speedup == pytest.approx(report.rows[0].forward_seconds / report.rows[1].forward_seconds)
+    assert torch.backends.mkldnn.enabled  # the switch is restored
+
+
+def test_allocator_demo_on_the_cpu_shows_resident_memory(capsys):
+    report = bench.caching_allocator_demo("cpu", mib=64)
+    _one_notice(capsys)
+    before, allocated, freed = (r.reserved_bytes for r in report.rows)
+    assert allocated - before > 48 * 2**20  # the 64 MiB tensor shows up in the process's memory
+    assert allocated - freed > 48 * 2**20  # and a large free goes back to the OS at once
+
+
+def test_mistakes_on_the_cpu_show_the_warm_up_cost(capsys):
+    report = bench.benchmark_mistakes("cpu", n=128, steps=5)
+    _one_notice(capsys)
+    assert len(report.rows) == 3
+    warm_up = report.by_name("no warm-up")
+    assert warm_up.wrong_seconds > warm_up.right_seconds  # the first step also allocates Adam's state
+
+
+def test_shape_effect_on_the_cpu_times_n_and_n_minus_one(capsys):
+    report = bench.tensor_core_shapes(n=128, device="cpu", min_run_time=0.02)
+    _one_notice(capsys)
+    assert [p.n for p in report.rows] == [128, 127]
+    assert report.slowdown == pytest.approx(report.rows[1].seconds / report.rows[0].seconds)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour of a machine without a GPU")
+def test_asking_for_cuda_without_a_gpu_never_raises(capsys):
+    report = bench.transfer_sweep(sizes_mib=(1,), device="cuda", min_run_time=0.01)
+    assert report.rows[0].pageable_gbs is None
+    assert "No CUDA device here" in capsys.readouterr().out

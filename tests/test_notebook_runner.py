@@ -1,0 +1,56 @@
+"""helpers.notebooks: the runner behind `make lectures` reports failures usefully and keeps notebooks clean."""
+from __future__ import annotations
+
+import nbformat
+from nbformat.v4 import new_code_cell, new_notebook
+
+from helpers.notebooks import execute_notebook, has_outputs, main, parse_parameters, strip_outputs
+
+
+def write_notebook(path, *sources, parameters=None):
+    cells = []
+    if parameters is not None:
+        cells.append(new_code_cell(parameters, metadata={"tags": ["parameters"]}))
+    cells += [new_code_cell(s) for s in sources]
+    nb = new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
+    nbformat.write(nb, path)
+    return path
+
+
+def test_a_failing_cell_is_reported_with_its_source_and_error(tmp_path):
+    notebook = write_notebook(tmp_path / "broken.ipynb", "x = 1", "y = x / 0  # the bad cell")
+    run = execute_notebook(notebook, tmp_path / "out", html=False)
+    assert run.status == "failed"
+    assert "ZeroDivisionError" in run.error and "the bad cell" in run.error and "cell 1" in run.error
+    assert run.output.exists()  # the partly executed notebook is kept for inspection
+
+
+def test_parameters_are_injected_and_html_exported(tmp_path):
+    notebook = write_notebook(tmp_path / "p.ipynb", "assert quick is True and size == 3", parameters="quick = False\nsize = 1")
+    run = execute_notebook(notebook, tmp_path / "out", parameters={"quick": True, "size": 3})
+    assert run.status == "ok", run.error
+    assert run.html is not None and "<html" in run.html.read_text()[:500].lower()
+
+
+def test_strip_removes_outputs_and_counts(tmp_path):
+    notebook = write_notebook(tmp_path / "s.ipynb", "print('hello')")
+    run = execute_notebook(notebook, tmp_path / "out", html=False)
+    assert has_outputs(run.output)
+    assert strip_outputs(run.output) is True
+    assert not has_outputs(run.output)
+    assert strip_outputs(run.output) is False  # already clean
+
+
+def test_cli_exits_non_zero_when_a_notebook_fails(tmp_path, capsys):
+    (tmp_path / "nbs").mkdir()
+    write_notebook(tmp_path / "nbs" / "ok.ipynb", "1 + 1")
+    write_notebook(tmp_path / "nbs" / "bad.ipynb", "raise RuntimeError('planted')")
+    assert main(["run", str(tmp_path / "nbs"), "--out", str(tmp_path / "out")]) == 1
+    captured = capsys.readouterr()
+    assert "planted" in captured.err
+    table = captured.out
+    assert "bad.ipynb" in table and "failed" in table and "ok.ipynb" in table
+
+
+def test_parameters_parse_as_python_literals():
+    assert parse_parameters(["quick=True", "n=3", "device=cpu"]) == {"quick": True, "n": 3, "device": "cpu"}

@@ -1,0 +1,74 @@
+"""House rules of the kit: clean notebooks, parameters cells, matching pins, the README's two commands."""
+from __future__ import annotations
+
+import re
+import subprocess
+import tomllib
+from pathlib import Path
+
+import nbformat
+import pytest
+import yaml
+
+from helpers.notebooks import find_notebooks, has_outputs
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def stored_notebooks() -> set[Path]:
+    """Notebooks git tracks, plus any under lectures/ and assignments/source/ not yet committed."""
+    listed = subprocess.run(["git", "ls-files", "*.ipynb"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    sources = [d for d in (ROOT / "lectures", ROOT / "assignments" / "source") if d.exists()]
+    return {ROOT / p for p in listed} | set(find_notebooks(*sources))
+
+
+def test_stored_notebooks_have_no_outputs():
+    notebooks = stored_notebooks()
+    assert notebooks, "found no notebooks at all"
+    dirty = [str(p.relative_to(ROOT)) for p in sorted(notebooks) if p.exists() and has_outputs(p)]
+    assert not dirty, f"notebooks stored with outputs (run `make strip`): {dirty}"
+
+
+@pytest.mark.parametrize("notebook", find_notebooks(ROOT / "lectures"), ids=lambda p: p.name)
+def test_lecture_has_a_parameters_cell_with_device_and_quick(notebook):
+    nb = nbformat.read(notebook, as_version=4)
+    tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    assert len(tagged) == 1, "exactly one cell tagged 'parameters'"
+    assert re.search(r"^device\s*=", tagged[0].source, re.M) and re.search(r"^quick\s*=\s*False", tagged[0].source, re.M)
+
+
+def pins_from_pyproject() -> set[str]:
+    return set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"])
+
+
+def pins_from_environment() -> set[str]:
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict) and "pip" in d)
+    return {p for p in pip if not p.startswith("-e")}
+
+
+def test_environment_yml_mirrors_pyproject_pins():
+    pyproject, conda = pins_from_pyproject(), pins_from_environment()
+    assert pyproject == conda, f"only in pyproject: {sorted(pyproject - conda)}; only in environment.yml: {sorted(conda - pyproject)}"
+
+
+def test_every_dependency_is_pinned_exactly():
+    loose = [p for p in pins_from_pyproject() if "==" not in p]
+    assert not loose, f"pin these exactly: {loose}"
+
+
+def test_readme_quick_start_is_exactly_two_commands():
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```(?:sh|bash)?\n(.*?)```", section, re.S).group(1)
+    commands = [line for line in block.splitlines() if line.strip() and not line.strip().startswith("#")]
+    assert commands == ["make lectures", "make test"]
+
+
+def test_ci_runs_the_readme_test_command():
+    assert "make test" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_setup_is_up_to_date_after_the_first_run():
+    # `make -q` exits 0 only when the target has nothing left to do: a second `make setup` is a no-op.
+    assert subprocess.run(["make", "-q", "setup"], cwd=ROOT).returncode == 0
