@@ -21,9 +21,15 @@ from .bench import (  # noqa: E402
     timeit,
     transfer_sweep,
 )
+from . import models  # noqa: E402
 from .device import describe, gpu_available, peak_flops, pick_device, synchronize  # noqa: E402
+from .models import BasicFCModel, LeNet, alexnet_2012  # noqa: E402
 
 __all__ = [
+    "BasicFCModel",
+    "LeNet",
+    "alexnet_2012",
+    "models",
     "benchmark_mistakes",
     "caching_allocator_demo",
     "copy_compute_overlap",
