@@ -32,7 +32,7 @@ $(STAMP): pyproject.toml
 	@echo "kit installed in $(VENV)"
 
 lab: setup
-	$(VENV)/bin/jupyter lab --notebook-dir=$(CURDIR)
+	$(VENV)/bin/jupyter lab --notebook-dir=$(CURDIR) $(if $(filter 0,$(shell id -u)),--allow-root)
 
 lectures: setup
 	$(PY) -m helpers.notebooks run lectures --out build/lectures $(if $(DEVICE),-p device=$(DEVICE))
