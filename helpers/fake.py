@@ -7,12 +7,18 @@ the fake copy of a model (the original is left untouched) and fake inputs for it
 """
 from __future__ import annotations
 
+import contextlib
 import copy
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensorMode,
+    UnsupportedOperatorException,
+)
 
 # Where a model's tensors go: one device for all, or module-name prefix -> device ("" is the default).
 Placement = str | torch.device | Mapping[str, str | torch.device] | None
@@ -22,6 +28,20 @@ ExampleInput = torch.Tensor | tuple | list | dict
 def fake_mode() -> FakeTensorMode:
     """A fresh FakeTensorMode that also accepts stray real tensors (e.g. constants a model keeps as attributes)."""
     return FakeTensorMode(allow_non_fake_inputs=True)
+
+
+@contextlib.contextmanager
+def explain_fake_failures(model: nn.Module, what: str = "estimated") -> Iterator[None]:
+    """Turn fake-tensor failures into an error that says why and what to do instead."""
+    try:
+        yield
+    except (DataDependentOutputException, DynamicOutputShapeException, UnsupportedOperatorException) as err:
+        op = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ValueError(
+            f"{type(model).__name__} cannot be {what} on fake tensors: its forward needs the values of its tensors "
+            f"({op}: e.g. .item(), a branch on a value, or a shape that depends on values), and fake tensors have none. "
+            "Run it for real on a small batch instead (measure_training_memory)."
+        ) from err
 
 
 def _home(device: torch.device) -> torch.device:

@@ -28,7 +28,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from . import plots
-from .fake import ExampleInput, as_example, fake_copy, fake_inputs, fake_mode, first_device, split_args
+from .fake import ExampleInput, as_example, explain_fake_failures, fake_copy, fake_inputs, fake_mode, first_device, split_args
 from .report import Column, Report
 
 CONVENTIONS = ("classic", "flops", "macs")
@@ -235,7 +235,7 @@ def profile_ops(model: nn.Module, shape: tuple | ExampleInput | None = None, con
     flop_counter = FlopCounterMode(display=False)
     counter = _OpCounter(fake_model, flop_counter)
     try:
-        with mode, torch.no_grad(), flop_counter, counter:
+        with mode, torch.no_grad(), explain_fake_failures(model, "counted"), flop_counter, counter:
             fake_model(*args, **kwargs)
     finally:
         counter.remove_hooks()

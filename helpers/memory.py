@@ -32,6 +32,7 @@ from .fake import (
     Placement,
     as_example,
     batch_size_of,
+    explain_fake_failures,
     fake_copy,
     fake_inputs,
     fake_mode,
@@ -405,7 +406,7 @@ def training_memory(
     input_device = first_device(fake_model)
     args, kwargs = fake_inputs(example, mode, input_device, dtype)
     amp_dtype = autocast_dtype(amp, input_device.type)
-    with mode:
+    with mode, explain_fake_failures(model):
         params = [p for p in fake_model.parameters() if p.requires_grad]
         step = _Step(fake_model, args, kwargs, make_optimizer(optimizer, params, foreach=_torch_default_foreach(params)),
                      loss_fn or default_loss, amp_dtype)
@@ -416,7 +417,16 @@ def training_memory(
         with tracker:
             grads = step.run(tracker)
     return _report(step, tracker, grads, state, model_name=type(model).__name__, batch_size=batch_size_of(example),
-                   optimizer=optimizer, amp=_amp_label(amp_dtype, dtype), source="estimate on fake tensors")
+                   optimizer=optimizer, amp=_amp_label(amp_dtype, dtype), source="estimate on fake tensors",
+                   extra_notes=_known_gaps(model, input_device))
+
+
+def _known_gaps(model: nn.Module, device: torch.device) -> list[str]:
+    """Where fake execution is known to miss memory the real kernels take."""
+    if device.type == "cpu" and any(isinstance(m, nn.RNNBase) for m in model.modules()):
+        return ["Recurrent layers on the CPU run in oneDNN, which sizes its workspace (kept for backward) only when it runs: "
+                "this estimate leaves it out, so a real step needs more. Check with measure_training_memory on a small batch."]
+    return []
 
 
 def _real_inputs(example: ExampleInput, device: torch.device) -> tuple[tuple, dict]:
@@ -614,7 +624,7 @@ def _layer_rows(model: nn.Module, shape: Any, mode: str) -> tuple[list[LayerMemR
     leaves = [(name, m) for name, m in fake_model.named_modules() if not any(True for _ in m.children())]
     handles = [m.register_forward_hook(lambda mod, i, o, name=name: record(name, mod, i, o)) for name, m in leaves]
     try:
-        with mode_, torch.no_grad():
+        with mode_, torch.no_grad(), explain_fake_failures(model, "profiled"):
             fake_model(*args, **kwargs)
     finally:
         for h in handles:

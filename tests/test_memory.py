@@ -158,6 +158,25 @@ def test_bad_arguments_say_what_to_do():
         measure_training_memory(meta, (2, 1, 28, 28))
 
 
+def test_models_that_need_tensor_values_get_a_clear_error():
+    class DataDependent(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.fc(x) if x.sum().item() > 0 else -self.fc(x)
+
+    with pytest.raises(ValueError, match="values of its tensors.*measure_training_memory"):
+        training_memory(DataDependent(), (2, 4))
+    assert measure_training_memory(DataDependent(), (2, 4)).peak_bytes > 0
+
+
+def test_known_gap_for_recurrent_layers_is_stated():
+    model = nn.Sequential(nn.LSTM(8, 16, batch_first=True))
+    assert "oneDNN" in str(training_memory(model, (2, 5, 8), loss_fn=lambda out: out[0].sum()))
+
+
 def test_bytes_per_param_theory_matches_training_memory():
     report = bytes_per_param()
     assert [r.theory for r in report.rows] == [8, 12, 16, 16, 16]
