@@ -27,12 +27,12 @@ from .models import BasicFCModel, LeNet, alexnet_2012  # noqa: E402
 from .flops import profile_ops  # noqa: E402
 from .memory import (  # noqa: E402
     bytes_per_param,
-    fit_batch,
     measure_training_memory,
     profile_layer_mem,
     profile_mem,
     training_memory,
 )
+from .oom import fit_batch  # noqa: E402
 from .alexnet import profile_layer_alexnet  # noqa: E402
 from .widgets import alexnet_explorer  # noqa: E402
 

@@ -18,7 +18,8 @@ from torch import nn
 from . import plots
 from .device import gpu_available
 from .hardware_specs import GTX_580_3GB, GPUSpec
-from .memory import CATEGORIES, LayerMemory, TrainingMemory, largest_batch, profile_layer_mem, training_memory
+from .memory import CATEGORIES, LayerMemory, TrainingMemory, profile_layer_mem, training_memory
+from .oom import largest_batch
 from .models import ALEXNET_INPUT, AlexNet2012, AlexNet2012Split, alexnet_2012
 from .report import Column, Report, format_bytes
 

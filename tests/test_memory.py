@@ -8,7 +8,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from helpers import bytes_per_param, fit_batch, measure_training_memory, profile_layer_mem, profile_mem, training_memory
-from helpers.memory import CATEGORIES, PHASES, default_loss, largest_batch, parse_bytes
+from helpers.memory import CATEGORIES, PHASES, default_loss
+from helpers.oom import largest_batch, parse_bytes
 from helpers.models import BasicFCModel, LeNet, alexnet_2012, count_parameters, transformer_lm
 
 matplotlib.use("Agg")
