@@ -401,6 +401,7 @@ def training_memory(
     example = as_example(model, example_input)
     mode = fake_mode()
     fake_model = fake_copy(model, mode, device, dtype).train()
+    _check_devices_exist(fake_model)
     input_device = first_device(fake_model)
     args, kwargs = fake_inputs(example, mode, input_device, dtype)
     amp_dtype = autocast_dtype(amp, input_device.type)
@@ -425,6 +426,15 @@ def _known_gaps(model: nn.Module, device: torch.device) -> list[str]:
         return ["Recurrent layers on the CPU run in oneDNN, which sizes its workspace (kept for backward) only when it runs: "
                 "this estimate leaves it out, so a real step needs more. Check with measure_training_memory on a small batch."]
     return []
+
+
+def _check_devices_exist(model: nn.Module) -> None:
+    """Autograd needs a real CUDA context even for fake CUDA tensors, so CUDA placements need a visible GPU."""
+    if any(p.device.type == "cuda" for p in model.parameters()) and not torch.cuda.is_available():
+        raise ValueError(
+            "device='cuda' needs a visible GPU even for an estimate (autograd opens a CUDA context). Estimate on the "
+            "CPU instead: tensor sizes are the same; to mimic a GPU's optimizer, pass a factory with foreach=True."
+        )
 
 
 def _real_inputs(example: ExampleInput, device: torch.device) -> tuple[tuple, dict]:

@@ -41,6 +41,7 @@ def test_the_split_gives_each_card_its_own_peak(case):
         assert case.single_peak_bytes / 2 < peak < case.single_peak_bytes
     split = case.split.categories_by_device
     assert split["cpu:0"]["input"] > 0 and split["cpu:1"]["input"] == 0  # the batch is fed to GPU 0
+    assert split["cpu:0"]["parameters"] == split["cpu:1"]["parameters"] == case.single.param_bytes // 2
     assert case.split.param_bytes == case.single.param_bytes
     headroom = {r.configuration: r.headroom for r in case.rows}
     assert headroom["two GPUs (split): GPU 0"] > headroom["one GPU, whole network"]

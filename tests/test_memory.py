@@ -157,6 +157,9 @@ def test_bad_arguments_say_what_to_do():
         meta = LeNet()
     with pytest.raises(ValueError, match="meta"):
         measure_training_memory(meta, (2, 1, 28, 28))
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="visible GPU"):
+            training_memory(meta, (2, 1, 28, 28), device="cuda")
 
 
 def test_models_that_need_tensor_values_get_a_clear_error():
