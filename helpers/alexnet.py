@@ -19,8 +19,8 @@ from . import plots
 from .device import gpu_available
 from .hardware_specs import GTX_580_3GB, GPUSpec
 from .memory import CATEGORIES, LayerMemory, TrainingMemory, profile_layer_mem, training_memory
-from .oom import largest_batch
 from .models import ALEXNET_INPUT, AlexNet2012, AlexNet2012Split, alexnet_2012
+from .oom import largest_batch
 from .report import Column, Report, format_bytes
 
 PRECISIONS = ("fp32", "amp", "fp16")
@@ -111,7 +111,7 @@ class AlexNetCase(Report):
         self.batch_size = single.batch_size
         self.card_bytes = int(card.memory_gb * 2**30)
         self.single_peak_bytes = single.peak_bytes
-        self.per_card_peak_bytes = {GPU_NAMES[d]: b for d, b in split.peak_by_device.items()} if split else {}
+        self.per_card_peak_bytes = {GPU_NAMES[d]: split.peak_by_device[d] for d in TOWER_DEVICES.values()} if split else {}
         self.largest_batch_tensors = largest_batch_tensors
         self.largest_batch_with_overheads = largest_batch_with_overheads
         self.headroom = {r.configuration: r.headroom for r in rows}
@@ -129,7 +129,7 @@ class AlexNetCase(Report):
             left.set_title(f"working set per layer (training, batch {self.batch_size})")
         bars = [("one GPU", self.single, self.single.device, self.overheads["one GPU"])]
         if self.split:
-            bars += [(GPU_NAMES[d], self.split, d, self.overheads[GPU_NAMES[d]]) for d in self.split.peak_by_device]
+            bars += [(GPU_NAMES[d], self.split, d, self.overheads[GPU_NAMES[d]]) for d in TOWER_DEVICES.values()]
         parts: dict[str, list[float]] = {c: [] for c in CATEGORIES}
         for _, report, device, extras in bars:
             for c in CATEGORIES:
@@ -212,14 +212,19 @@ def profile_layer_alexnet(
     if split is not None:
         split_report = training_memory(split, example, paper_sgd, device=TOWER_DEVICES, **settings)
         split_layers = profile_layer_mem(split, example, mode="training")
-        for index, (device, peak) in enumerate(split_report.peak_by_device.items()):
-            name = GPU_NAMES[device]
-            card_estimates = _Estimates(*convolution_workspace_per_sample(split, split_layers, element_bytes, f"towers.{index}."), fragmentation, context)
+        for tower, device in TOWER_DEVICES.items():
+            name, peak = GPU_NAMES[device], split_report.peak_by_device[device]
+            card_estimates = _Estimates(*convolution_workspace_per_sample(split, split_layers, element_bytes, tower + "."), fragmentation, context)
             overheads[name] = card_estimates.at(batch_size, peak)
             rows.append(_row(f"two GPUs (split): {name}", batch_size, peak, overheads[name], card_bytes))
     peak_of = _peak_function(whole, precision)
+
+    def with_estimates_of(batch: int) -> int:
+        tensors = peak_of(batch)
+        return tensors + sum(o.bytes for o in one_card.at(batch, tensors))
+
     tensors_only, _ = largest_batch(peak_of, card_bytes, hint=batch_size)
-    with_estimates, _ = largest_batch(lambda b: peak_of(b) + sum(o.bytes for o in one_card.at(b, peak_of(b))), card_bytes, hint=tensors_only or 1)
+    with_estimates, _ = largest_batch(with_estimates_of, card_bytes, hint=tensors_only or 1)
     rows.append(_row("one GPU, largest batch (tensors only)", tensors_only, peak_of(tensors_only), [], card_bytes))
     rows.append(_row("one GPU, largest batch (with estimates)", with_estimates, peak_of(with_estimates),
                      one_card.at(with_estimates, peak_of(with_estimates)), card_bytes))
