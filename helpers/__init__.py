@@ -24,6 +24,17 @@ from .bench import (  # noqa: E402
 from . import models  # noqa: E402
 from .device import describe, gpu_available, peak_flops, pick_device, synchronize  # noqa: E402
 from .models import BasicFCModel, LeNet, alexnet_2012  # noqa: E402
+from .flops import profile_ops  # noqa: E402
+from .memory import (  # noqa: E402
+    bytes_per_param,
+    measure_training_memory,
+    profile_layer_mem,
+    profile_mem,
+    training_memory,
+)
+from .oom import fit_batch  # noqa: E402
+from .alexnet import profile_layer_alexnet  # noqa: E402
+from .widgets import alexnet_explorer  # noqa: E402
 
 __all__ = [
     "BasicFCModel",
@@ -45,4 +56,13 @@ __all__ = [
     "time_matmul",
     "timeit",
     "transfer_sweep",
+    "profile_ops",
+    "profile_layer_mem",
+    "profile_mem",
+    "training_memory",
+    "measure_training_memory",
+    "bytes_per_param",
+    "fit_batch",
+    "profile_layer_alexnet",
+    "alexnet_explorer",
 ]

@@ -1,5 +1,6 @@
-"""The networks the lectures profile and train: LeNet (the lecture's variant), a one-hidden-layer MLP, and the
-original two-GPU AlexNet of Krizhevsky et al. (2012), whole or split into its two towers.
+"""The networks the lectures profile and train: LeNet (the lecture's variant), a one-hidden-layer MLP, the
+original two-GPU AlexNet of Krizhevsky et al. (2012), whole or split into its two towers, and a small GPT-style
+transformer for memory and op-count demos.
 """
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections import OrderedDict
 from typing import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -16,6 +18,8 @@ class LeNet(nn.Module):
     conv 1->6 5x5, ReLU, max-pool 2, conv 6->16 5x5, ReLU, max-pool 2, then linear
     256->120->60->10 with a ReLU after every linear layer, the last one included.
     """
+
+    input_shape = (1, 28, 28)  # one sample, without the batch dimension
 
     def __init__(self):
         super().__init__()
@@ -43,6 +47,8 @@ class LeNet(nn.Module):
 
 class BasicFCModel(nn.Module):
     """A fully connected classifier for 28x28 images: 784 -> ``num_hidden`` -> 10."""
+
+    input_shape = (1, 28, 28)
 
     def __init__(self, num_hidden: int = 128):
         super().__init__()
@@ -81,6 +87,8 @@ def alexnet_2012(split: bool = False, num_classes: int = 1000) -> nn.Module:
 
 class AlexNet2012(nn.Module):
     """AlexNet (2012) as one module; grouped convolutions stand in for the two GPUs."""
+
+    input_shape = ALEXNET_INPUT
 
     def __init__(self, num_classes: int = 1000):
         super().__init__()
@@ -149,6 +157,8 @@ class AlexNetTower(nn.Module):
 class AlexNet2012Split(nn.Module):
     """AlexNet (2012) as two towers; ``place(dev0, dev1)`` puts each on its own device."""
 
+    input_shape = ALEXNET_INPUT
+
     def __init__(self, num_classes: int = 1000):
         super().__init__()
         self.towers = nn.ModuleList([AlexNetTower(num_classes), AlexNetTower(num_classes)])
@@ -197,6 +207,73 @@ def _copy_rows(target: nn.Module, source: nn.Module, part: int, parts: int) -> N
     rows = source.weight.shape[0] // parts
     target.weight.copy_(source.weight[part * rows:(part + 1) * rows])
     target.bias.copy_(source.bias[part * rows:(part + 1) * rows])
+
+
+# ---------------------------------------------------------------- a GPT-style transformer
+
+# Named sizes; "1.3b" has 1.34 billion parameters: build it on the meta device (``with torch.device("meta"):``).
+TRANSFORMER_SIZES = {
+    "tiny": dict(vocab_size=1000, d_model=64, n_layers=2, n_heads=4, max_len=64),
+    "small": dict(vocab_size=8000, d_model=256, n_layers=4, n_heads=4, max_len=256),
+    "1.3b": dict(vocab_size=32000, d_model=2048, n_layers=24, n_heads=16, max_len=1024),
+}
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm decoder block: causal self-attention, then a 4x-wide MLP, each around a residual connection."""
+
+    def __init__(self, d_model: int, n_heads: int):
+        super().__init__()
+        if d_model % n_heads:
+            raise ValueError(f"d_model ({d_model}) must be a multiple of n_heads ({n_heads})")
+        self.n_heads = n_heads
+        self.ln1 = nn.LayerNorm(d_model)
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+        self.ln2 = nn.LayerNorm(d_model)
+        self.fc = nn.Linear(d_model, 4 * d_model)
+        self.act = nn.GELU()
+        self.out = nn.Linear(4 * d_model, d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, length, width = x.shape
+        heads = [z.view(batch, length, self.n_heads, width // self.n_heads).transpose(1, 2) for z in self.qkv(self.ln1(x)).split(width, dim=2)]
+        attended = F.scaled_dot_product_attention(*heads, is_causal=True)
+        x = x + self.proj(attended.transpose(1, 2).reshape(batch, length, width))
+        return x + self.out(self.act(self.fc(self.ln2(x))))
+
+
+class TransformerLM(nn.Module):
+    """A decoder-only language model: token and position embeddings, ``n_layers`` blocks, a final norm, an untied head."""
+
+    def __init__(self, vocab_size: int = 1000, d_model: int = 64, n_layers: int = 2, n_heads: int = 4, max_len: int = 64):
+        super().__init__()
+        self.vocab_size, self.max_len = vocab_size, max_len
+        self.tok = nn.Embedding(vocab_size, d_model)
+        self.pos = nn.Embedding(max_len, d_model)
+        self.blocks = nn.ModuleList(TransformerBlock(d_model, n_heads) for _ in range(n_layers))
+        self.ln = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab_size, bias=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        if tokens.shape[1] > self.max_len:
+            raise ValueError(f"sequence of {tokens.shape[1]} tokens is longer than max_len={self.max_len}")
+        x = self.tok(tokens) + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln(x))
+
+    def example_input(self, batch_size: int = 1, seq_len: int | None = None) -> torch.Tensor:
+        """Random token ids of shape (batch_size, seq_len), on the device the model's weights are on."""
+        device = self.tok.weight.device
+        return torch.randint(0, self.vocab_size, (batch_size, seq_len or self.max_len), device=device)
+
+
+def transformer_lm(size: str = "tiny", **overrides) -> TransformerLM:
+    """A TransformerLM of a named size (``TRANSFORMER_SIZES``), with any field overridden."""
+    if size not in TRANSFORMER_SIZES:
+        raise ValueError(f"unknown transformer size {size!r}; choose from {sorted(TRANSFORMER_SIZES)}")
+    return TransformerLM(**{**TRANSFORMER_SIZES[size], **overrides})
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -5,10 +5,11 @@ need matplotlib directly.
 """
 from __future__ import annotations
 
+import math
 from typing import Mapping, Sequence
 
 import matplotlib.pyplot as plt
-from matplotlib.ticker import FuncFormatter
+from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 STYLE = {
     "figure.figsize": (7.0, 4.2),
@@ -49,6 +50,9 @@ NAMED_COLORS = {
     "right": "#2ca02c",
     "waiting": "#d62728",
     "computing": "#2ca02c",
+    "cuda context": "#bcbd22",
+    "convolution workspace": "#17becf",
+    "allocator fragmentation": "#c7c7c7",
 }
 CYCLE = ["#1f77b4", "#2ca02c", "#ff7f0e", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
 
@@ -147,3 +151,45 @@ def horizontal_line(ax, y: float, label: str, color: str = "black") -> None:
 
 
 apply_style()
+
+
+# ---------------------------------------------------------------- memory charts (helpers.memory, helpers.alexnet)
+
+
+class _BinaryLocator(MaxNLocator):
+    """Ticks at round numbers of the binary unit (KiB, MiB, GiB) that suits the axis's range."""
+
+    def tick_values(self, vmin, vmax):
+        unit = 1024 ** max(0, min(4, int(math.log(max(abs(vmin), abs(vmax), 1), 1024))))
+        return super().tick_values(vmin / unit, vmax / unit) * unit
+
+
+def bytes_axis(ax, axis: str = "y") -> None:
+    """Ticks at round binary sizes, labelled as such (512 MiB, 1.5 GiB)."""
+    from .report import format_bytes
+
+    target = ax.yaxis if axis == "y" else ax.xaxis
+    target.set_major_locator(_BinaryLocator(nbins=6, steps=[1, 2, 2.5, 4, 5, 10]))
+    target.set_major_formatter(FuncFormatter(lambda value, _pos: _short_bytes(value, format_bytes)))
+
+
+def _short_bytes(value: float, format_bytes) -> str:
+    """'1.50 GiB' -> '1.5 GiB', '512.00 MiB' -> '512 MiB'."""
+    if not value:
+        return "0"
+    number, unit = format_bytes(value).split(" ")
+    return f"{float(number):g} {unit}"
+
+
+def stacked_area(x: Sequence[float], parts: Mapping[str, Sequence[float]], ax=None, *, spans: Sequence[tuple[float, float, str]] = (), **labels):
+    """Named parts stacked over ``x`` (e.g. memory by category over a training step); ``spans`` shade labelled x ranges."""
+    ax = new_axes(ax, **labels)
+    names = [n for n, v in parts.items() if any(v)]
+    ax.stackplot(x, *[parts[n] for n in names], labels=names, colors=[color_for(n, i) for i, n in enumerate(names)], alpha=0.85)
+    for i, (start, end, label) in enumerate(spans):
+        if i % 2:
+            ax.axvspan(start, end, color="black", alpha=0.05, linewidth=0)
+        ax.annotate(label, xy=((start + end) / 2, 0.99), xycoords=("data", "axes fraction"), ha="center", va="top", fontsize=9, style="italic")
+    ax.set_ylim(top=ax.get_ylim()[1] * 1.12)  # room for the span labels
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return ax

@@ -1,0 +1,102 @@
+"""helpers.alexnet and helpers.widgets: AlexNet (2012) against one and two 3 GB GTX 580s, and its live widget."""
+from __future__ import annotations
+
+import matplotlib
+import pytest
+import torch
+from torchvision.models import alexnet as torchvision_alexnet
+
+from helpers import alexnet_explorer, profile_layer_alexnet, training_memory
+from helpers.alexnet import ASSUMED_CONTEXT_BYTES, paper_sgd
+from helpers.hardware_specs import GTX_580_3GB
+from helpers.models import alexnet_2012
+
+matplotlib.use("Agg")
+CARD = 3 * 2**30
+
+
+@pytest.fixture(scope="module")
+def case():
+    return profile_layer_alexnet()
+
+
+def meta_alexnet(**kwargs):
+    with torch.device("meta"):
+        return alexnet_2012(**kwargs)
+
+
+def test_single_card_peak_comes_from_training_memory(case):
+    expected = training_memory(meta_alexnet(), torch.empty(128, 3, 227, 227, device="meta"), paper_sgd)
+    assert case.batch_size == 128 and case.single_peak_bytes == expected.peak_bytes
+    assert case.card_bytes == CARD and case.card is GTX_580_3GB
+    one = case.rows[0]
+    assert one.configuration.startswith("one GPU") and one.tensors == case.single_peak_bytes
+
+
+def test_the_split_gives_each_card_its_own_peak(case):
+    per_card = case.per_card_peak_bytes
+    assert set(per_card) == {"GPU 0", "GPU 1"}
+    for peak in per_card.values():
+        # each card holds half the weights but receives copies of the other tower's activations
+        assert case.single_peak_bytes / 2 < peak < case.single_peak_bytes
+    split = case.split.categories_by_device
+    assert split["cpu:0"]["input"] > 0 and split["cpu:1"]["input"] == 0  # the batch is fed to GPU 0
+    assert split["cpu:0"]["parameters"] == split["cpu:1"]["parameters"] == case.single.param_bytes // 2
+    assert case.split.param_bytes == case.single.param_bytes
+    headroom = {r.configuration: r.headroom for r in case.rows}
+    assert headroom["two GPUs (split): GPU 0"] > headroom["one GPU, whole network"]
+
+
+def test_largest_batch_one_card_holds(case):
+    n = case.largest_batch_tensors
+    peak = training_memory(meta_alexnet(), torch.empty(n, 3, 227, 227, device="meta"), paper_sgd).peak_bytes
+    above = training_memory(meta_alexnet(), torch.empty(n + 1, 3, 227, 227, device="meta"), paper_sgd).peak_bytes
+    assert peak <= CARD < above
+    assert 0 < case.largest_batch_with_overheads < n
+
+
+def test_non_tensor_overheads_are_separate_and_labelled(case):
+    names = [o.name for o in case.overheads["one GPU"]]
+    assert names == ["cuda context", "convolution workspace", "allocator fragmentation"]
+    for row in case.rows:
+        assert row.total == row.tensors + row.overheads and row.headroom == CARD - row.total
+    tensors_only = next(r for r in case.rows if "tensors only" in r.configuration)
+    assert tensors_only.overheads == 0
+    text = str(case)
+    assert "upper bound" in text and "assumed" in text and "im2col" in text
+    if not torch.cuda.is_available():
+        assert case.overheads["one GPU"][0].bytes == ASSUMED_CONTEXT_BYTES and "no GPU" in text
+
+
+def test_plot_shows_layers_and_cards_against_the_card(case):
+    ax = case.plot()
+    left, right = ax.figure.axes[:2]
+    assert "working set" in left.get_title()
+    assert [t.get_text() for t in right.get_xticklabels()] == ["one GPU", "GPU 0", "GPU 1"]
+    assert any(line.get_ydata()[0] == CARD for line in right.get_lines())
+
+
+def test_precision_changes_the_peak():
+    fp32 = profile_layer_alexnet(batch_size=32)
+    half = profile_layer_alexnet(batch_size=32, precision="fp16")
+    assert half.single_peak_bytes < 0.6 * fp32.single_peak_bytes
+    with pytest.raises(ValueError, match="precision"):
+        profile_layer_alexnet(precision="int8")
+
+
+def test_another_network_gets_one_card_figures_only():
+    report = profile_layer_alexnet(torchvision_alexnet(), batch_size=16)
+    assert report.split is None and not any("GPU 0" in r.configuration for r in report.rows)
+    assert report.single_peak_bytes > 0
+
+
+def test_widget_redraws_the_report_when_its_controls_move():
+    explorer = alexnet_explorer(batch_size=128)
+    first = explorer.report
+    assert first.batch_size == 128 and explorer.redraws == 1
+    explorer.batch.value = 64
+    assert explorer.redraws == 2 and explorer.report.batch_size == 64
+    assert explorer.report.single_peak_bytes < first.single_peak_bytes
+    explorer.precision.value = "amp"
+    assert explorer.report.precision == "amp" and explorer.report.batch_size == 64
+    assert explorer.report.single_peak_bytes < explorer.compute(64, "fp32").single_peak_bytes
