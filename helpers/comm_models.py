@@ -35,8 +35,8 @@ def _check(scheme: str, workers: int) -> None:
 def rounds(scheme: str, workers: int) -> int:
     """Sequential message rounds one all-reduce takes (what alpha, the latency, is paid for)."""
     _check(scheme, workers)
-    if workers == 1:
-        return 0
+    if workers == 1 and scheme != "parameter server":
+        return 0  # nothing to exchange; a lone worker still talks to its server
     log = math.ceil(math.log2(workers))
     return {"parameter server": 2, "ring": 2 * (workers - 1), "tree": 2 * log, "butterfly": log}[scheme]
 
@@ -52,7 +52,7 @@ def bytes_per_round(scheme: str, message_bytes: float, workers: int) -> float:
 def bytes_sent_per_worker(scheme: str, message_bytes: float, workers: int) -> float:
     """Bytes one worker sends per all-reduce (for a parameter server: a worker, not the server)."""
     _check(scheme, workers)
-    if workers == 1:
+    if workers == 1 and scheme != "parameter server":
         return 0.0
     return {
         "parameter server": message_bytes,  # push the gradient; the server sends back the update
@@ -65,7 +65,7 @@ def bytes_sent_per_worker(scheme: str, message_bytes: float, workers: int) -> fl
 def busiest_node_bytes(scheme: str, message_bytes: float, workers: int) -> float:
     """Bytes sent plus received by the most loaded node per all-reduce: it sets the pace."""
     _check(scheme, workers)
-    if workers == 1:
+    if workers == 1 and scheme != "parameter server":
         return 0.0
     log = math.ceil(math.log2(workers))
     return {
