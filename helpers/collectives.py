@@ -134,6 +134,35 @@ def count_traffic() -> Iterator[Traffic]:
             setattr(dist, name, original)
 
 
+COLLECTIVES = (
+    "all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor", "gather", "scatter", "reduce_scatter",
+    "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "all_gather_object", "gather_object", "scatter_object_list",
+    "broadcast_object_list",
+)
+
+
+@contextlib.contextmanager
+def point_to_point_only() -> Iterator[None]:
+    """Within the block, every torch.distributed collective raises: only send/recv (and isend/irecv) work.
+
+    For exercises that ask for an algorithm built from point-to-point messages.
+    """
+    originals = {name: getattr(dist, name) for name in COLLECTIVES if hasattr(dist, name)}
+
+    def refuse(name):
+        def collective(*args, **kwargs):
+            raise RuntimeError(f"dist.{name} is not allowed here: build the algorithm from dist.send/recv/isend/irecv only")
+        return collective
+
+    for name in originals:
+        setattr(dist, name, refuse(name))
+    try:
+        yield
+    finally:
+        for name, original in originals.items():
+            setattr(dist, name, original)
+
+
 def time_collective(fn: Callable[[torch.Tensor], torch.Tensor], numel: int, repeats: int = 5, dtype=torch.float32) -> float:
     """Median seconds of ``fn(tensor)`` across ranks (the slowest rank's time each round), after one warm-up."""
     tensor = torch.ones(numel, dtype=dtype)
