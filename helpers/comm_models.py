@@ -169,8 +169,8 @@ class CommCosts(Report):
             if rows:
                 series[scheme] = ([r.workers for r in rows], [getattr(r, metric) for r in rows])
         message = format_bytes(self.rows[0].message_bytes)
-        return plots.line_chart(series, ax, title=f"{labels[metric]}, {message} of gradients", xlabel="workers N (log scale)",
-                                ylabel=labels[metric] + " (log scale)", logx=True, logy=True)
+        return plots.line_chart(series, ax, styles={"butterfly": "--"}, title=f"{labels[metric]}, {message} of gradients",
+                                xlabel="workers N (log scale)", ylabel=labels[metric] + " (log scale)", logx=True, logy=True)
 
 
 def comm_costs(message_bytes: float, workers: Sequence[int] = (2, 4, 8, 16, 32, 64), batches_per_worker: int = 100,

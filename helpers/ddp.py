@@ -242,40 +242,42 @@ def accumulation_demo(micro_batches: int = 4, world_size: int = 2, width: int = 
 @dataclass
 class ScalingPoint:
     workers: int
-    source: str
-    threads_per_worker: int | None
-    compute_seconds: float
-    comm_seconds: float
-    step_seconds: float | None
-    predicted_seconds: float
-    samples_per_s: float
-    speedup: float
+    measured_compute: float | None
+    measured_step: float | None
+    measured_speedup: float | None
+    model_compute: float
+    model_comm: float
+    model_step: float
+    model_speedup: float
+
+    @property
+    def ran_here(self) -> bool:
+        return self.measured_step is not None
 
 
 class Scaling(Report):
-    """Strong scaling of data-parallel LeNet training: measured here, and the calibrated model beyond."""
+    """Strong scaling of data-parallel LeNet training: measured here, and the calibrated model up to many workers."""
 
-    title = "Data-parallel scaling: fixed global batch, measured and modelled"
+    title = "Data-parallel scaling, fixed global batch: measured here, and the model"
     columns = (
         Column("workers", "N"),
-        Column("source", "source"),
-        Column("threads_per_worker", "threads/worker"),
-        Column("compute_seconds", "compute", format_seconds),
-        Column("comm_seconds", "all-reduce (model)", format_seconds),
-        Column("step_seconds", "step (measured)", format_seconds),
-        Column("predicted_seconds", "step (model)", format_seconds),
-        Column("samples_per_s", "samples/s", ",.0f"),
-        Column("speedup", "speedup", ".2f"),
+        Column("measured_compute", "compute (measured)", format_seconds),
+        Column("measured_step", "step (measured)", format_seconds),
+        Column("measured_speedup", "speedup (measured)", ".2f"),
+        Column("model_compute", "compute (model)", format_seconds),
+        Column("model_comm", "all-reduce (model)", format_seconds),
+        Column("model_step", "step (model)", format_seconds),
+        Column("model_speedup", "speedup (model)", ".2f"),
     )
 
     def plot(self, ax=None):
-        measured = [r for r in self.rows if r.source == "measured"]
+        measured = [r for r in self.rows if r.ran_here]
         ax = plots.line_chart({
-            "measured": ([r.workers for r in measured], [r.speedup for r in measured]),
-            "model": ([r.workers for r in self.rows], [self.rows[0].step_seconds / r.predicted_seconds for r in self.rows]),
+            "measured": ([r.workers for r in measured], [r.measured_speedup for r in measured]),
+            "model": ([r.workers for r in self.rows], [r.model_speedup for r in self.rows]),
             "ideal": ([r.workers for r in self.rows], [float(r.workers) for r in self.rows]),
-        }, ax, styles={"model": "--", "ideal": ":"}, title=self.title, xlabel="workers N (log scale)", ylabel="speedup over 1 worker (log scale)",
-            logx=True, logy=True)
+        }, ax, styles={"model": "--", "ideal": ":"}, title="Data-parallel speedup over one worker", xlabel="workers N (log scale)",
+            ylabel="speedup (log scale)", logx=True, logy=True)
         return ax
 
 
@@ -305,29 +307,32 @@ def _scaling_worker(global_batch: int, steps: int) -> tuple[float, float, int]:
 
 def scaling(world_sizes: Sequence[int] = (1, 2, 4), global_batch: int = 256, steps: int = 10, link: Link | None = None,
             model_workers: Sequence[int] = (8, 16, 32, 64), timeout: float = 300) -> Scaling:
-    """Measure LeNet training steps at each N here, then extend with the model, calibrated on the 1-worker run and ``link``.
+    """Measure LeNet training steps at each N here, and model every N: compute / N plus a ring all-reduce.
 
-    Measured rows share this machine's cores. Model rows assume one device per worker, each as fast as the
-    measured single worker, so compute shrinks as 1/N while the ring all-reduce (alpha-beta) does not.
+    The model assumes one device per worker, each as fast as the measured single worker (its compute time,
+    without communication, calibrates it), and the alpha-beta ``link``: compute shrinks as 1/N, the ring's
+    latency-bound rounds grow with N. Measured runs use one thread per worker on this machine's cores.
     """
     grads = gradient_bytes(LeNet())
-    rows = []
+    measured = {}
     for n in world_sizes:
-        step, compute, threads = launch(_scaling_worker, n, args=(global_batch, steps), threads=1, timeout=timeout, echo=False)[0]
-        comm = all_reduce_time("ring", grads, n, link) if link else max(step - compute, 0.0)
-        rows.append(ScalingPoint(n, "measured", threads, compute, comm, step, compute + comm, global_batch / step, 0.0))
-    base = next((r for r in rows if r.workers == 1), rows[0])
-    base_compute = base.compute_seconds * base.workers  # one worker's compute for the whole global batch
-    for n in model_workers:
-        if n in world_sizes:
-            continue
+        measured[n] = launch(_scaling_worker, n, args=(global_batch, steps), threads=1, timeout=timeout, echo=False)[0]
+    smallest = min(measured)
+    base_compute = measured[smallest][1] * smallest  # one worker's compute for the whole global batch
+    base_step = measured[1][0] if 1 in measured else None
+    rows = []
+    for n in sorted(set(world_sizes) | set(model_workers)):
         comm = all_reduce_time("ring", grads, n, link) if link else 0.0
-        predicted = base_compute / n + comm
-        rows.append(ScalingPoint(n, "model (not run here)", None, base_compute / n, comm, None, predicted, global_batch / predicted, 0.0))
+        step, compute = measured[n][:2] if n in measured else (None, None)
+        rows.append(ScalingPoint(n, compute, step, base_step / step if base_step and step else None,
+                                 base_compute / n, comm, base_compute / n + comm, 0.0))
+    model_one = base_compute + (all_reduce_time("ring", grads, 1, link) if link else 0.0)
     for r in rows:
-        r.speedup = base.step_seconds / (r.step_seconds if r.source == "measured" else r.predicted_seconds)
+        r.model_speedup = model_one / r.model_step
     notes = [f"LeNet, global batch {global_batch} split over N workers, {format_bytes(grads)} of gradients per step.",
-             f"Measured rows: N processes with one thread each (one core per worker, as one GPU per worker) on this machine's {available_cores()} cores.",
-             "Model rows: compute = the 1-worker compute / N (one device each), all-reduce = ring alpha-beta model"
-             + (f" ({link.source})." if link else " (no link given: zero).")]
+             f"Measured: N processes with one thread each (one core per worker, as one GPU per worker) on this machine's "
+             f"{available_cores()} cores; beyond {available_cores()} workers they share cores.",
+             "Model: compute = the measured one-worker compute / N (one device per worker), all-reduce = ring alpha-beta "
+             + (f"({link.source})." if link else "(no link given: zero)."),
+             f"Rows without a measurement ({', '.join(str(r.workers) for r in rows if not r.ran_here)} workers) are predictions only."]
     return Scaling(rows, notes)

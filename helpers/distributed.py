@@ -165,9 +165,9 @@ class LinkCalibration(Report):
 
     def plot(self, ax=None):
         xs = [r.message_bytes for r in self.rows]
-        ax = plots.line_chart({"measured": (xs, [r.seconds for r in self.rows]), "model": (xs, [r.model_seconds for r in self.rows])},
-                              ax, styles={"model": "--"}, title=self.title, xlabel="message bytes (log scale)", ylabel="seconds (log scale)", logx=True, logy=True)
-        return ax
+        return plots.measured_and_model({"one-way time": (xs, [r.seconds for r in self.rows])}, {"one-way time": (xs, [r.model_seconds for r in self.rows])},
+                                        ax, title="Point-to-point time between two workers", xlabel="message bytes (log scale)",
+                                        ylabel="seconds (log scale)", logx=True, logy=True)
 
 
 def calibrate_link(sizes_bytes: Sequence[int] = (4, 4 * KIB, 64 * KIB, MIB, 8 * MIB), repeats: int = 10, timeout: float = 120) -> LinkCalibration:
@@ -216,31 +216,28 @@ class AllReduceSweep(Report):
     def get(self, implementation: str, world_size: int, message_bytes: int) -> AllReducePoint:
         return next(r for r in self.rows if (r.implementation, r.world_size, r.message_bytes) == (implementation, world_size, message_bytes))
 
+    def _series(self, keep, x_of) -> tuple[dict, dict]:
+        measured, model = {}, {}
+        for impl in dict.fromkeys(r.implementation for r in self.rows):
+            rows = [r for r in self.rows if r.implementation == impl and keep(r)]
+            measured[impl] = ([x_of(r) for r in rows], [r.seconds for r in rows])
+            if self.link and impl != "dist.all_reduce":
+                model[impl] = ([x_of(r) for r in rows], [r.model_seconds for r in rows])
+        return measured, model
+
     def plot(self, ax=None, world_size: int | None = None):
         """Time against message size for one world size (default: the largest), measured solid, model dashed."""
         world_size = world_size or max(r.world_size for r in self.rows)
-        series, styles = {}, {}
-        for impl in dict.fromkeys(r.implementation for r in self.rows):
-            rows = [r for r in self.rows if r.implementation == impl and r.world_size == world_size]
-            series[impl] = ([r.message_bytes for r in rows], [r.seconds for r in rows])
-            if self.link and impl != "dist.all_reduce":
-                series[f"{impl}: model"] = ([r.message_bytes for r in rows], [r.model_seconds for r in rows])
-                styles[f"{impl}: model"] = "--"
-        return plots.line_chart(series, ax, styles=styles, title=f"All-reduce time, N = {world_size} workers", xlabel="message bytes (log scale)",
-                                ylabel="seconds (log scale)", logx=True, logy=True)
+        measured, model = self._series(lambda r: r.world_size == world_size, lambda r: r.message_bytes)
+        return plots.measured_and_model(measured, model, ax, title=f"All-reduce time, N = {world_size} workers",
+                                        xlabel="message bytes (log scale)", ylabel="seconds (log scale)", logx=True, logy=True)
 
     def plot_world_sizes(self, ax=None, message_bytes: int | None = None):
         """Time against N at one message size (default: the largest), measured solid, model dashed."""
         message_bytes = message_bytes or max(r.message_bytes for r in self.rows)
-        series, styles = {}, {}
-        for impl in dict.fromkeys(r.implementation for r in self.rows):
-            rows = [r for r in self.rows if r.implementation == impl and r.message_bytes == message_bytes]
-            series[impl] = ([r.world_size for r in rows], [r.seconds for r in rows])
-            if self.link and impl != "dist.all_reduce":
-                series[f"{impl}: model"] = ([r.world_size for r in rows], [r.model_seconds for r in rows])
-                styles[f"{impl}: model"] = "--"
-        ax = plots.line_chart(series, ax, styles=styles, title=f"All-reduce time against N, {format_bytes(message_bytes)}",
-                              xlabel="workers N", ylabel="seconds")
+        measured, model = self._series(lambda r: r.message_bytes == message_bytes, lambda r: r.world_size)
+        ax = plots.measured_and_model(measured, model, ax, title=f"All-reduce time against N, {format_bytes(message_bytes)}",
+                                      xlabel="workers N", ylabel="seconds")
         ax.set_xticks(sorted({r.world_size for r in self.rows}))
         return ax
 

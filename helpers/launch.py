@@ -101,7 +101,7 @@ def launch(
     backend = backend or default_backend(world_size)
     threads = threads or default_threads(world_size)
     payload = _pickle_by_value(fn, tuple(args), dict(kwargs or {}))
-    context = _context(start_method)
+    context = worker_context(start_method)
     store = dist.TCPStore(HOST, 0, None, True, timeout=timedelta(seconds=timeout), wait_for_workers=False)
     logs = Path(tempfile.mkdtemp(prefix="edl-launch-"))
     procs: list[mp.process.BaseProcess] = []
@@ -144,8 +144,12 @@ def _pickle_by_value(fn: Callable, args: tuple, kwargs: dict) -> bytes:
         ) from err
 
 
-def _context(start_method: str | None) -> mp.context.BaseContext:
-    """A forkserver context preloaded with torch where the OS has one, else spawn (Windows)."""
+def worker_context(start_method: str | None = None) -> mp.context.BaseContext:
+    """A multiprocessing context for worker processes: forkserver preloaded with torch where the OS has one, else spawn.
+
+    Children fork from a clean, single-threaded server that has already imported torch: quick to start,
+    and never a fork of a multi-threaded notebook kernel. Use it for process pools and DataLoaders too.
+    """
     method = start_method or ("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
     context = mp.get_context(method)
     if method == "forkserver":
