@@ -61,9 +61,9 @@ class WorkerTimeout(TimeoutError):
 
 
 def default_backend(world_size: int) -> str:
-    """NCCL when every rank can have its own GPU, else gloo (CPU tensors, any machine)."""
+    """gloo for CPU tensors everywhere; NCCL for CUDA tensors as well when every rank can have its own GPU."""
     if torch.cuda.is_available() and torch.cuda.device_count() >= world_size and dist.is_nccl_available():
-        return "nccl"
+        return "cpu:gloo,cuda:nccl"
     return "gloo"
 
 
@@ -274,8 +274,8 @@ def _worker_main(spec: _WorkerSpec, conn) -> None:
 
 def _join_group(spec: _WorkerSpec) -> None:
     store = dist.TCPStore(HOST, spec.port, None, False, timeout=timedelta(seconds=spec.timeout))
-    if spec.backend == "nccl":
-        torch.cuda.set_device(spec.rank % torch.cuda.device_count())
+    if "nccl" in spec.backend:
+        torch.cuda.set_device(spec.rank % torch.cuda.device_count())  # one GPU per rank
     dist.init_process_group(spec.backend, store=store, rank=spec.rank, world_size=spec.world_size, timeout=timedelta(seconds=spec.timeout))
 
 
