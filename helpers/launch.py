@@ -202,8 +202,11 @@ def _unpickle_or_none(blob: bytes | None) -> BaseException | None:
         return None
 
 
-def _stop(procs: Sequence[mp.process.BaseProcess], grace: float = 1.0) -> None:
-    """Terminate every worker still alive, kill those that ignore it, and reap them all."""
+def _stop(procs: Sequence[mp.process.BaseProcess], grace: float = 1.0, settle: float = 0.3) -> None:
+    """Let finished workers exit by themselves, terminate the rest, kill those that ignore it, and reap them all."""
+    deadline = time.monotonic() + settle
+    for proc in procs:
+        proc.join(max(0.0, deadline - time.monotonic()))
     for proc in procs:
         if proc.is_alive():
             proc.terminate()
