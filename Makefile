@@ -52,3 +52,9 @@ clean:
 
 distclean: clean
 	rm -rf $(VENV)
+
+# Data-parallel training of LeNet under torchrun on this machine (NPROC processes; DDP_ARGS=... passes options).
+NPROC ?= 2
+.PHONY: ddp-demo
+ddp-demo: setup
+	$(VENV)/bin/torchrun --standalone --nproc_per_node=$(NPROC) -m helpers.ddp_train $(DDP_ARGS)

@@ -23,6 +23,7 @@ from .bench import (  # noqa: E402
 )
 from . import models  # noqa: E402
 from .device import describe, gpu_available, peak_flops, pick_device, synchronize  # noqa: E402
+from .launch import launch  # noqa: E402
 from .models import BasicFCModel, LeNet, alexnet_2012  # noqa: E402
 from .flops import profile_ops  # noqa: E402
 from .memory import (  # noqa: E402
@@ -47,6 +48,7 @@ __all__ = [
     "cudnn_benchmark_demo",
     "describe",
     "gpu_available",
+    "launch",
     "matmul_gflops",
     "matmul_sweep",
     "peak_flops",

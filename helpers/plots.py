@@ -193,3 +193,17 @@ def stacked_area(x: Sequence[float], parts: Mapping[str, Sequence[float]], ax=No
     ax.set_ylim(top=ax.get_ylim()[1] * 1.12)  # room for the span labels
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return ax
+
+
+def measured_and_model(measured: Mapping[str, tuple[Sequence[float], Sequence[float]]],
+                       model: Mapping[str, tuple[Sequence[float], Sequence[float]]], ax=None, **labels):
+    """Measured series as solid lines with markers; each model series (same name) dashed in the same colour."""
+    ax = new_axes(ax, **labels)
+    for i, (name, (x, y)) in enumerate(measured.items()):
+        color = color_for(name, i)
+        ax.plot(x, y, marker="o", label=f"{name} (measured)", color=color)
+        if name in model:
+            mx, my = model[name]
+            ax.plot(mx, my, linestyle="--", label=f"{name} (model)", color=color)
+    ax.legend()
+    return ax

@@ -1,0 +1,35 @@
+"""helpers.ddp on real gloo groups: DDP's buckets follow bucket_cap_mb, no_sync skips all-reduces, the scaling model is consistent."""
+from __future__ import annotations
+
+import pytest
+
+from helpers.comm_models import Link
+from helpers.ddp import accumulation_demo, bucket_sweep, gradient_bytes, mlp, scaling
+
+
+def test_bucket_cap_sets_the_number_of_buckets_and_small_buckets_start_early():
+    sweep = bucket_sweep(caps_mb=(0.2, 100), width=256, depth=4, batch=8, steps=2)  # 0.2 MB < one layer: DDP closes a bucket once it reaches the cap
+    small, large = sweep.rows
+    layer_bytes = 256 * 256 * 4
+    assert large.buckets == 1 and large.largest_bucket == gradient_bytes(mlp(256, 4))
+    assert small.buckets == 4 and small.largest_bucket <= layer_bytes + 256 * 4  # one layer (weight + bias) per bucket
+    assert small.first_launch_pct < large.first_launch_pct == pytest.approx(100)
+    assert all(r.step_seconds > 0 and r.compute_seconds > 0 and r.all_reduce_seconds > 0 for r in sweep.rows)
+
+
+def test_no_sync_all_reduces_once_per_update_with_the_same_gradients():
+    demo = accumulation_demo(micro_batches=3, width=64, depth=2, batch=4, repeats=1)
+    every, once = demo.rows
+    assert every.same_gradients and once.same_gradients
+    assert every.all_reduces_per_update == 3 * once.all_reduces_per_update
+    assert every.bytes_per_update == 3 * once.bytes_per_update == 3 * gradient_bytes(mlp(64, 2))
+
+
+def test_scaling_measures_small_n_and_models_the_rest():
+    report = scaling(world_sizes=(1, 2), steps=2, link=Link(alpha=1e-4, beta=1e-9), model_workers=(4, 64))
+    by_n = {r.workers: r for r in report.rows}
+    assert by_n[1].ran_here and by_n[2].ran_here and not by_n[64].ran_here
+    assert by_n[1].measured_speedup == 1.0 and by_n[1].model_speedup == pytest.approx(1.0)
+    assert by_n[64].model_comm > by_n[4].model_comm > by_n[2].model_comm  # more rounds with more workers
+    assert by_n[64].model_compute == pytest.approx(by_n[1].model_compute / 64)
+    report.plot()
