@@ -24,6 +24,11 @@ from .bench import (  # noqa: E402
 from . import models  # noqa: E402
 from .device import describe, gpu_available, peak_flops, pick_device, synchronize  # noqa: E402
 from .models import BasicFCModel, LeNet, alexnet_2012  # noqa: E402
+from .data import make_encoded_MNIST, make_MNIST_loader  # noqa: E402
+from .starvation import starvation_sweep  # noqa: E402
+from .systolic import compare_dataflows, systolic_matmul  # noqa: E402
+from .train import train, train_on_devices  # noqa: E402
+from .workingset import estimate_training_for  # noqa: E402
 
 __all__ = [
     "BasicFCModel",
@@ -45,4 +50,12 @@ __all__ = [
     "time_matmul",
     "timeit",
     "transfer_sweep",
+    "compare_dataflows",
+    "estimate_training_for",
+    "make_encoded_MNIST",
+    "make_MNIST_loader",
+    "starvation_sweep",
+    "systolic_matmul",
+    "train",
+    "train_on_devices",
 ]
