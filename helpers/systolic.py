@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+from matplotlib.ticker import MaxNLocator
 
 from . import plots
 from .report import Column, Report
@@ -168,6 +169,7 @@ class SystolicRun(Report):
         steps = list(range(1, self.cycles + 1))
         plots.line_chart({"busy PEs": (steps, [100 * u for u in self.per_cycle_utilisation])}, left, title="PE utilisation per cycle", xlabel="cycle", ylabel="% of PEs busy")
         left.lines[0].set_marker("")
+        left.xaxis.set_major_locator(MaxNLocator(integer=True))
         plots.horizontal_line(left, 100 * self.utilisation, f"mean {100 * self.utilisation:.0f}%")
         left.axvline(cycle + 1, color="grey", linewidth=0.8, linestyle=":")
         left.set_ylim(0, 105)

@@ -23,6 +23,7 @@ from .models import BasicFCModel
 from .report import Column, Report, format_bytes, format_seconds
 
 MNIST_TRAINING_IMAGES = 60_000
+PAGE_BYTES = 4096
 DEFAULT_HIDDEN = (64, 128, 256, 512, 1024, 2048, 4096, 6144, 8192, 12288, 16384)
 
 
@@ -79,8 +80,14 @@ class SizePoint:
     fits_in: str
     step_s: float
     ns_per_parameter: float
+    page_faults_per_step: float | None
     epoch_s: float
     estimate_s: float
+
+    @property
+    def fresh_pages(self) -> bool:
+        """True when each step faults in at least a MiB of new pages from the OS."""
+        return bool(self.page_faults_per_step and self.page_faults_per_step * PAGE_BYTES >= 2**20)
 
 
 class WorkingSetSweep(Report):
@@ -97,29 +104,36 @@ class WorkingSetSweep(Report):
             Column("fits_in", "fits in"),
             Column("step_s", "time per step", format_seconds),
             Column("ns_per_parameter", "ns / parameter / step", ".2f"),
+            Column("page_faults_per_step", "page faults / step", ",.0f"),
             Column("epoch_s", "epoch (extrapolated)", format_seconds),
             Column("estimate_s", f"{epochs} epochs", _duration),
         )
         main = levels[-1]
+        self.rows = list(rows)
         self.ram_hidden = _hidden_at(main.bytes, rows)
         notes = [
-            f"Each step was timed on a batch kept in memory ({threads} CPU thread{'s' if threads > 1 else ''}); an epoch is "
+            f"Each step was timed on a batch kept in {device} memory ({_runs_on(device, threads)}; the fastest block of steps, as "
+            f"other programs can only slow a block down); an epoch is "
             f"{steps_per_epoch:,} such steps (extrapolated, not run), and {epochs} epochs are {epochs} such epochs.",
             "Working set = parameters + gradients + input + every layer's output. While it fits in a cache, the time per "
-            "parameter stays flat; when it outgrows the cache, every step streams it from the next, slower level and the time "
-            "per parameter jumps. At the smallest sizes a fixed per-step overhead (Python, kernel launches) dominates.",
+            "parameter stays flat; once it outgrows the cache, every step streams it from the next, slower level. At the "
+            "smallest sizes a fixed per-step overhead (Python, kernel launches) dominates instead.",
+            *self._page_fault_note(),
             f"{main.name} ({format_bytes(main.bytes)}) would fill at hidden size about {self.ram_hidden:,} (extrapolated). That "
             "is not run: a working set beyond RAM swaps to disk, or gets the process killed, and would take the machine down with it.",
         ]
         super().__init__(rows, notes)
 
-    def jump(self, level: str) -> float:
-        """Mean ns per parameter of the sizes that spill out of ``level``, over the mean of those that fit in it but not in the level below."""
-        names = [lv.name for lv in self.levels]
-        below = set(names[: names.index(level)])
-        inside = [r.ns_per_parameter for r in self.rows if r.fits_in == level]
-        outside = [r.ns_per_parameter for r in self.rows if r.fits_in not in below | {level}]
-        return (sum(outside) / len(outside)) / (sum(inside) / len(inside)) if inside and outside else float("nan")
+    def _page_fault_note(self) -> list[str]:
+        """A sentence on the sizes whose steps fault in fresh pages from the OS, if any did."""
+        faulting = [r for r in self.rows if r.fresh_pages]
+        if not faulting:
+            return []
+        return [
+            f"From hidden {faulting[0].hidden:,} on (circled), each step also faults in fresh pages from the operating system "
+            f"({faulting[0].page_faults_per_step:,.0f} per step, measured): a gradient that large is handed back to the OS when freed "
+            "(glibc does so above 32 MiB), and the next step must have new, zeroed pages mapped in."
+        ]
 
     def plot(self, ax=None):
         """Two panels: time per parameter against working set (caches marked), and epoch time against hidden size."""
@@ -131,6 +145,11 @@ class WorkingSetSweep(Report):
             left, right = ax
         sets = [r.working_set_bytes / 2**20 for r in self.rows]
         plots.line_chart({"measured": (sets, [r.ns_per_parameter for r in self.rows])}, left, title="Time per parameter per step", xlabel="working set, MiB (log scale)", ylabel="ns per parameter", logx=True)
+        faulting = [r for r in self.rows if r.fresh_pages]
+        if faulting:
+            left.scatter([r.working_set_bytes / 2**20 for r in faulting], [r.ns_per_parameter for r in faulting], s=90, facecolors="none", edgecolors=plots.color_for("wrong"), linewidths=1.5, label="fresh pages from the OS every step", zorder=3)
+            left.legend(loc="upper left")
+        left.set_ylim(bottom=0)
         for level in self.levels:
             if min(sets) / 2 <= level.bytes / 2**20 <= max(sets) * 2:
                 plots.vertical_line(left, level.bytes / 2**20, f"{level.name} {format_bytes(level.bytes)}", color="#7f7f7f")
@@ -152,8 +171,13 @@ class WorkingSetSweep(Report):
             h = _hidden_at(level.bytes, self.rows)
             if min(hidden) <= h <= max(hidden):
                 plots.vertical_line(right, h, f"fills {level.name}", color="#7f7f7f")
-        right.text(0.02, 0.97, f"{self.levels[-1].name} would fill at hidden ~ {self.ram_hidden:,} (not run)", transform=right.transAxes, fontsize=8, va="top")
+        right.legend(loc="upper left")
+        right.text(0.98, 0.03, f"{self.levels[-1].name} would fill at hidden ~ {self.ram_hidden:,} (not run)", transform=right.transAxes, fontsize=8, ha="right")
         return left, right
+
+
+def _runs_on(device: torch.device, threads: int) -> str:
+    return torch.cuda.get_device_name(device) if is_gpu(device) else f"{threads} CPU thread{'s' if threads > 1 else ''}"
 
 
 def _duration(seconds: float) -> str:
@@ -178,7 +202,7 @@ def estimate_training_for(
     nettype: Callable[[int], nn.Module] = BasicFCModel,
     hidden_sizes: Sequence[int] = DEFAULT_HIDDEN,
     epochs: int = 1000,
-    batch_size: int = 16,
+    batch_size: int = 8,
     dataset_size: int = MNIST_TRAINING_IMAGES,
     input_shape: Sequence[int] = (1, 28, 28),
     device: str | torch.device | None = None,
@@ -190,8 +214,10 @@ def estimate_training_for(
 
     ``nettype`` must build a model from one hidden size (``BasicFCModel`` does).
     Steps run on one resident batch, so only the model's working set changes; an
-    epoch is ceil(dataset_size / batch_size) steps. ``threads=1`` keeps one
-    core's private caches in play and the timing steady on a busy machine.
+    epoch is ceil(dataset_size / batch_size) steps. A small batch uses each weight
+    only a few times per step, so the step is bound by memory and where the working
+    set lives shows; ``threads=1`` keeps one core's private caches in play and the
+    timing steadier on a busy machine. Page faults per step are counted too.
     """
     device = pick_device(device)
     levels = memory_levels(device)
@@ -205,13 +231,27 @@ def estimate_training_for(
         inputs = torch.randn(batch_size, *input_shape, device=device)
         targets = torch.randint(0, 10, (batch_size,), device=device)
         working_set = training_working_set_bytes(model, inputs)
-        step_s = timeit(_sgd_step(model, inputs, targets), device=device, min_run_time=min_run_time, num_threads=threads).median
+        step = _sgd_step(model, inputs, targets)
+        step_s = min(timeit(step, device=device, min_run_time=min_run_time, num_threads=threads).times)  # the least disturbed block
+        faults = None if is_gpu(device) else page_faults_per_call(step)
         parameters = sum(p.numel() for p in model.parameters())
         fits_in = next((lv.name for lv in levels if working_set <= lv.bytes), f"beyond {levels[-1].name}")
         epoch_s = step_s * steps_per_epoch
-        rows.append(SizePoint(hidden, parameters, working_set, fits_in, step_s, step_s / parameters * 1e9, epoch_s, epoch_s * epochs))
+        rows.append(SizePoint(hidden, parameters, working_set, fits_in, step_s, step_s / parameters * 1e9, faults, epoch_s, epoch_s * epochs))
         del model
     return WorkingSetSweep(rows, model_name=getattr(nettype, "__name__", "model"), levels=levels, device=device, epochs=epochs, batch_size=batch_size, steps_per_epoch=steps_per_epoch, threads=threads)
+
+
+def page_faults_per_call(fn: Callable[[], None], calls: int = 3) -> float | None:
+    """Minor page faults (pages the OS had to map in) per call of ``fn``, from getrusage; None where unavailable."""
+    try:
+        import resource
+    except ImportError:  # not on Windows
+        return None
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(calls):
+        fn()
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / calls
 
 
 def _sgd_step(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> Callable[[], None]:
@@ -219,7 +259,7 @@ def _sgd_step(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> 
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 
     def step() -> None:
-        optimizer.zero_grad(set_to_none=False)
+        optimizer.zero_grad()
         nn.functional.cross_entropy(model(inputs), targets).backward()
         optimizer.step()
 

