@@ -121,10 +121,11 @@ def train(
     optimizer = optimizer or torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     loss_fn = loss_fn or nn.functional.cross_entropy
     non_blocking = is_gpu(device)
-    steps_per_epoch = min(len(loader), max_steps) if max_steps else len(loader)
+    limits = [n for n in (len(loader) if hasattr(loader, "__len__") else None, max_steps) if n]
+    steps_per_epoch = min(limits) if limits else None  # None: an iterable of unknown length, run to its end
     name = type(getattr(model, "module", model)).__name__ + (" (DataParallel)" if isinstance(model, nn.DataParallel) else "")
     rows, losses, waits, computes = [], [], [], []
-    bar = tqdm(total=epochs * steps_per_epoch, desc=f"{name} on {device}", disable=not progress, leave=True)
+    bar = tqdm(total=epochs * steps_per_epoch if steps_per_epoch else None, desc=f"{name} on {device}", disable=not progress, leave=True)
     for epoch in range(1, epochs + 1):
         epoch_losses, samples = [], 0
         synchronize(device)
@@ -148,6 +149,8 @@ def train(
             ready = time.perf_counter()
             if step == steps_per_epoch:
                 break
+        if not epoch_losses:
+            raise ValueError(f"the loader yielded no batches in epoch {epoch}: check its data set is not empty (and drop_last with fewer samples than a batch).")
         losses += epoch_losses
         wait_s, compute_s = sum(waits[-len(epoch_losses):]), sum(computes[-len(epoch_losses):])
         rows.append(EpochTimes(epoch, len(epoch_losses), samples, wait_s, compute_s, samples / (wait_s + compute_s), sum(epoch_losses) / len(epoch_losses)))

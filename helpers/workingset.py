@@ -191,6 +191,8 @@ def _duration(seconds: float) -> str:
 def _hidden_at(nbytes: int, rows: Sequence[SizePoint]) -> int:
     """The hidden size whose working set is ``nbytes``, interpolated (or extrapolated) linearly between measured sizes."""
     pairs = sorted((r.working_set_bytes, r.hidden) for r in rows)
+    if len(pairs) == 1:  # one size measured: take the working set as proportional to it
+        return round(pairs[0][1] * nbytes / pairs[0][0])
     lower = max([p for p in pairs if p[0] <= nbytes] or [pairs[0]])
     upper = min([p for p in pairs if p[0] > nbytes] or [pairs[-1]])
     if upper[0] == lower[0]:

@@ -40,6 +40,12 @@ def test_slow_storage_shows_up_as_waiting_not_computing():
     assert report.waiting_s > report.computing_s and report.waiting_share > 0.5
 
 
+def test_an_empty_loader_is_explained():
+    empty = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.zeros(3, 1, 28, 28), torch.zeros(3, dtype=torch.long)), batch_size=4, drop_last=True)
+    with pytest.raises(ValueError, match="no batches"):
+        train(LeNet(), empty, device="cpu", progress=False)
+
+
 def test_model_and_data_go_to_the_device_and_a_missing_gpu_falls_back(loader, capsys):
     model = LeNet()
     report = train(model, loader, device="cuda" if not torch.cuda.is_available() else "cpu", max_steps=2, progress=False)

@@ -49,6 +49,11 @@ def test_estimate_training_for_extrapolates_measured_steps():
     assert "10 epochs" in str(sweep)
 
 
+def test_one_hidden_size_is_enough():
+    sweep = estimate_training_for(hidden_sizes=(32,), epochs=2, batch_size=4, dataset_size=8, min_run_time=0.01, progress=False)
+    assert len(sweep.rows) == 1 and sweep.ram_hidden > 32 and sweep.rows[0].estimate_s == pytest.approx(4 * sweep.rows[0].step_s)
+
+
 def test_page_faults_are_counted_for_fresh_memory():
     from helpers.workingset import page_faults_per_call
 
