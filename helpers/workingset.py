@@ -115,9 +115,10 @@ class WorkingSetSweep(Report):
             f"Each step was timed on a batch kept in {device} memory ({_runs_on(device, threads)}; the fastest block of steps, as "
             f"other programs can only slow a block down); an epoch is "
             f"{steps_per_epoch:,} such steps (extrapolated, not run), and {epochs} epochs are {epochs} such epochs.",
-            "Working set = parameters + gradients + input + every layer's output. While it fits in a cache, the time per "
-            "parameter stays flat; once it outgrows the cache, every step streams it from the next, slower level. At the "
-            "smallest sizes a fixed per-step overhead (Python, kernel launches) dominates instead.",
+            "Working set = parameters + gradients + input + every layer's output. Once it outgrows a cache, every step streams "
+            "it from the next, slower level; that costs time where the step is bound by memory traffic rather than arithmetic "
+            "(a larger batch does more arithmetic per byte and hides it), so compare the time per parameter either side of the "
+            "dashed lines. At the smallest sizes a fixed per-step overhead (Python, kernel launches) dominates instead.",
             *self._page_fault_note(),
             f"{main.name} ({format_bytes(main.bytes)}) would fill at hidden size about {self.ram_hidden:,} (extrapolated). That "
             "is not run: a working set beyond RAM swaps to disk, or gets the process killed, and would take the machine down with it.",
@@ -148,7 +149,7 @@ class WorkingSetSweep(Report):
         faulting = [r for r in self.rows if r.fresh_pages]
         if faulting:
             left.scatter([r.working_set_bytes / 2**20 for r in faulting], [r.ns_per_parameter for r in faulting], s=90, facecolors="none", edgecolors=plots.color_for("wrong"), linewidths=1.5, label="fresh pages from the OS every step", zorder=3)
-            left.legend(loc="upper left")
+            left.legend(loc="lower left")
         left.set_ylim(bottom=0)
         for level in self.levels:
             if min(sets) / 2 <= level.bytes / 2**20 <= max(sets) * 2:
@@ -162,7 +163,7 @@ class WorkingSetSweep(Report):
             right,
             styles={reference: ":"},
             title="Epoch time (extrapolated)",
-            xlabel="hidden size (log scale)",
+            xlabel=f"hidden size (log scale); {self.levels[-1].name} would fill at ~{self.ram_hidden:,} (not run)",
             ylabel="seconds per epoch (log scale)",
             logx=True,
             logy=True,
@@ -171,8 +172,7 @@ class WorkingSetSweep(Report):
             h = _hidden_at(level.bytes, self.rows)
             if min(hidden) <= h <= max(hidden):
                 plots.vertical_line(right, h, f"fills {level.name}", color="#7f7f7f")
-        right.legend(loc="upper left")
-        right.text(0.98, 0.03, f"{self.levels[-1].name} would fill at hidden ~ {self.ram_hidden:,} (not run)", transform=right.transAxes, fontsize=8, ha="right")
+        right.legend(loc="lower right")
         return left, right
 
 
