@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 import matplotlib.pyplot as plt
+import numpy as np
 from matplotlib.ticker import FuncFormatter
 
 STYLE = {
@@ -146,9 +147,6 @@ def horizontal_line(ax, y: float, label: str, color: str = "black") -> None:
     ax.annotate(label, xy=(1.0, y), xycoords=("axes fraction", "data"), ha="right", va="bottom", fontsize=9, color=color)
 
 
-apply_style()
-
-
 def vertical_line(ax, x: float, label: str, color: str = "black") -> None:
     """A dashed vertical reference line (a cache size, a limit) with its label written along it near the top."""
     ax.axvline(x, linestyle="--", color=color, linewidth=1.0, alpha=0.7)
@@ -157,8 +155,6 @@ def vertical_line(ax, x: float, label: str, color: str = "black") -> None:
 
 def grid_heatmap(grid, ax=None, *, title: str = "", idle: int | None = None, xlabel: str = "", ylabel: str = ""):
     """A 2-D grid of small integers as coloured cells, each labelled with its value; cells equal to ``idle`` are grey."""
-    import numpy as np
-
     values = np.asarray(grid)
     if ax is None:
         _, ax = plt.subplots(figsize=(5, 5))
@@ -175,3 +171,6 @@ def grid_heatmap(grid, ax=None, *, title: str = "", idle: int | None = None, xla
     ax.set_xticks(range(values.shape[1]))
     ax.set_yticks(range(values.shape[0]))
     return ax
+
+
+apply_style()
