@@ -36,6 +36,11 @@ from .memory import (  # noqa: E402
 from .oom import fit_batch  # noqa: E402
 from .alexnet import profile_layer_alexnet  # noqa: E402
 from .widgets import alexnet_explorer  # noqa: E402
+from .data import make_encoded_MNIST, make_MNIST_loader  # noqa: E402
+from .starvation import starvation_sweep  # noqa: E402
+from .systolic import compare_dataflows, systolic_matmul  # noqa: E402
+from .train import train, train_on_devices  # noqa: E402
+from .workingset import estimate_training_for  # noqa: E402
 
 __all__ = [
     "BasicFCModel",
@@ -67,4 +72,12 @@ __all__ = [
     "fit_batch",
     "profile_layer_alexnet",
     "alexnet_explorer",
+    "compare_dataflows",
+    "estimate_training_for",
+    "make_encoded_MNIST",
+    "make_MNIST_loader",
+    "starvation_sweep",
+    "systolic_matmul",
+    "train",
+    "train_on_devices",
 ]

@@ -9,6 +9,7 @@ import math
 from typing import Mapping, Sequence
 
 import matplotlib.pyplot as plt
+import numpy as np
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 STYLE = {
@@ -148,6 +149,32 @@ def horizontal_line(ax, y: float, label: str, color: str = "black") -> None:
     """A dashed reference line (a limit, a peak) with its label at the right end."""
     ax.axhline(y, linestyle="--", color=color, linewidth=1.2)
     ax.annotate(label, xy=(1.0, y), xycoords=("axes fraction", "data"), ha="right", va="bottom", fontsize=9, color=color)
+
+
+def vertical_line(ax, x: float, label: str, color: str = "black") -> None:
+    """A dashed vertical reference line (a cache size, a limit) with its label written along it near the top."""
+    ax.axvline(x, linestyle="--", color=color, linewidth=1.0, alpha=0.7)
+    ax.annotate(label, xy=(x, 1.0), xycoords=("data", "axes fraction"), xytext=(3, -4), textcoords="offset points", rotation=90, ha="left", va="top", fontsize=8, color=color)
+
+
+def grid_heatmap(grid, ax=None, *, title: str = "", idle: int | None = None, xlabel: str = "", ylabel: str = ""):
+    """A 2-D grid of small integers as coloured cells, each labelled with its value; cells equal to ``idle`` are grey."""
+    values = np.asarray(grid)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(5, 5))
+    masked = np.ma.masked_equal(values, idle) if idle is not None else np.ma.asarray(values)
+    ax.imshow(masked, cmap=plt.get_cmap("viridis").with_extremes(bad="#e0e0e0"), aspect="equal")
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(False)
+    if values.size <= 400:
+        for (r, c), v in np.ndenumerate(values):
+            if idle is None or v != idle:
+                ax.text(c, r, str(v), ha="center", va="center", fontsize=8, color="white")
+    ax.set_xticks(range(values.shape[1]))
+    ax.set_yticks(range(values.shape[0]))
+    return ax
 
 
 apply_style()

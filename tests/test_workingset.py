@@ -1,0 +1,68 @@
+"""helpers.workingset: cache sizes, the training working set, and the epoch-time estimate against hidden size."""
+from __future__ import annotations
+
+import math
+import shutil
+import subprocess
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from helpers.models import BasicFCModel, LeNet  # noqa: E402
+from helpers.workingset import cpu_caches, estimate_training_for, training_working_set_bytes  # noqa: E402
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or not shutil.which("lscpu"), reason="reads Linux's /sys; lscpu cross-checks it")
+def test_cache_sizes_agree_with_lscpu():
+    caches = {c.name: c.bytes for c in cpu_caches()}
+    listing = subprocess.run(["lscpu", "-C=NAME,ONE-SIZE", "-B"], capture_output=True, text=True).stdout.splitlines()[1:]
+    expected = {name: int(size) for name, size in (line.split() for line in listing if line.strip()) if name != "L1i"}
+    assert caches == expected
+    assert list(caches.values()) == sorted(caches.values())
+
+
+def test_working_set_of_the_mlp_is_parameters_gradients_input_and_activations():
+    hidden, batch = 100, 8
+    expected = 4 * (2 * (784 * hidden + hidden + hidden * 10 + 10) + batch * 784 + batch * hidden * 2 + batch * 10)  # fc1, relu, fc2 outputs
+    assert training_working_set_bytes(BasicFCModel(hidden), torch.randn(batch, 1, 28, 28)) == expected
+
+
+def test_estimate_training_for_extrapolates_measured_steps():
+    sweep = estimate_training_for(hidden_sizes=(16, 64, 256), epochs=10, batch_size=8, dataset_size=1000, min_run_time=0.01, progress=False)
+    assert [r.hidden for r in sweep.rows] == [16, 64, 256] and sweep.steps_per_epoch == math.ceil(1000 / 8)
+    sets = [r.working_set_bytes for r in sweep.rows]
+    assert sets == sorted(sets) and len(set(sets)) == 3
+    for r in sweep.rows:
+        assert r.step_s > 0 and r.epoch_s == pytest.approx(r.step_s * 125) and r.estimate_s == pytest.approx(10 * r.epoch_s)
+        assert r.ns_per_parameter == pytest.approx(r.step_s / r.parameters * 1e9)
+        assert r.fits_in == next(level.name for level in sweep.levels if r.working_set_bytes <= level.bytes)
+        assert r.page_faults_per_step is None or r.page_faults_per_step >= 0
+    assert sweep.levels[-1].name == "RAM" and sweep.ram_hidden > 1_000_000  # a MLP filling RAM is far beyond any size run
+    assert any("not run" in note for note in sweep.notes)
+    left, right = sweep.plot()
+    assert left.lines and len(right.lines) >= 2
+    assert "10 epochs" in str(sweep)
+
+
+def test_one_hidden_size_is_enough():
+    sweep = estimate_training_for(hidden_sizes=(32,), epochs=2, batch_size=4, dataset_size=8, min_run_time=0.01, progress=False)
+    assert len(sweep.rows) == 1 and sweep.ram_hidden > 32 and sweep.rows[0].estimate_s == pytest.approx(4 * sweep.rows[0].step_s)
+
+
+def test_page_faults_are_counted_for_fresh_memory():
+    from helpers.workingset import page_faults_per_call
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("counts glibc's behaviour: large allocations are mapped afresh and handed back")
+    fresh = page_faults_per_call(lambda: torch.ones(64 * 2**20 // 4).sum())  # 64 MiB: mapped, touched, handed back
+    assert fresh >= 0.9 * 64 * 2**20 / 4096 and page_faults_per_call(lambda: None) < 100
+
+
+def test_a_model_without_a_hidden_size_is_explained():
+    with pytest.raises(TypeError, match="does not take a hidden size"):
+        estimate_training_for(LeNet, hidden_sizes=(8,), progress=False)
