@@ -1,6 +1,8 @@
 """helpers.train and helpers.starvation: the timed training loop, CPU vs GPU, and the DataLoader-worker sweep."""
 from __future__ import annotations
 
+import statistics
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -37,7 +39,8 @@ def test_slow_storage_shows_up_as_waiting_not_computing():
     report = train(BasicFCModel(16), slow, device="cpu", max_steps=5, progress=False)
     assert report.steps == 5
     assert all(wait >= 4 * 0.010 for wait in report.step_waits)  # 4 samples x 10 ms each, every step
-    assert report.waiting_s > report.computing_s and report.waiting_share > 0.5
+    # Compare typical steps: the first step also pays one-off start-up costs that a busy machine can stretch.
+    assert statistics.median(report.step_waits) > statistics.median(report.step_computes)
 
 
 def test_an_empty_loader_is_explained():
