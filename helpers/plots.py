@@ -5,6 +5,7 @@ need matplotlib directly.
 """
 from __future__ import annotations
 
+import math
 from typing import Mapping, Sequence
 
 import matplotlib.pyplot as plt
@@ -147,3 +148,28 @@ def horizontal_line(ax, y: float, label: str, color: str = "black") -> None:
 
 
 apply_style()
+
+
+def log2_ranges(ranges: Mapping[str, tuple[float, float, float]], ax=None, **labels):
+    """One horizontal bar per named number format: thin from its smallest subnormal, thick from its smallest normal to its largest."""
+    ax = new_axes(ax, **labels)
+    names = list(ranges)
+    for i, name in enumerate(names):
+        subnormal, normal, largest = (math.log2(v) for v in ranges[name])
+        color = color_for(name, i)
+        ax.plot([subnormal, normal], [i, i], color=color, linewidth=2, alpha=0.6)
+        ax.plot([normal, largest], [i, i], color=color, linewidth=8, solid_capstyle="butt")
+    ax.set_yticks(range(len(names)), names)
+    ax.invert_yaxis()
+    return ax
+
+
+def log2_histogram(values: Sequence[float], marks: Mapping[str, float] | None = None, ax=None, bins: int = 60, **labels):
+    """A histogram of values already on a log2 scale, with dashed vertical lines at the named ``marks``."""
+    ax = new_axes(ax, **labels)
+    ax.hist(values, bins=bins, color=CYCLE[0], alpha=0.8)
+    for i, (name, x) in enumerate((marks or {}).items()):
+        ax.axvline(x, linestyle="--", linewidth=1.2, color=CYCLE[(i + 3) % len(CYCLE)], label=name)
+    if marks:
+        ax.legend()
+    return ax
