@@ -1,0 +1,547 @@
+"""Profilers, used and read: cProfile and py-spy for Python, torch.profiler for PyTorch ops (with a trace for
+Perfetto or TensorBoard), autograd anomaly detection for NaNs, and a diagnosis of the three profile patterns
+(compute bound, launch bound, synchronisation bound) from what a profile shows.
+"""
+from __future__ import annotations
+
+import cProfile
+import math
+import os
+import pstats
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+# Kineto (torch.profiler's backend) prints start/stop banners and, without a GPU, a CUDA error on every run;
+# level 6 keeps it quiet. It must be set before the first profiler use; set it yourself to see the messages.
+os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.autograd import DeviceType  # noqa: E402
+from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler  # noqa: E402
+
+from . import plots  # noqa: E402
+from .bench import timeit  # noqa: E402
+from .device import gpu_notice, is_gpu, pick_device, synchronize  # noqa: E402
+from .paths import build_dir  # noqa: E402
+from .report import Column, Report, format_seconds  # noqa: E402
+from .workloads import Program, make_compute_bound, make_launch_bound, make_sync_bound  # noqa: E402
+
+# ---------------------------------------------------------------- cProfile
+
+
+@dataclass
+class FunctionCost:
+    function: str
+    calls: int
+    own_seconds: float
+    total_seconds: float
+    own_share: float
+
+
+class PythonProfile(Report):
+    """cProfile's view: the functions with the most time of their own, and the time under each."""
+
+    title = "cProfile: functions by own time"
+    columns = (
+        Column("function", "function"),
+        Column("calls", "calls", ",d"),
+        Column("own_seconds", "own time", format_seconds),
+        Column("total_seconds", "total time (with callees)", format_seconds),
+        Column("own_share", "share", ".1%"),
+    )
+
+    def __init__(self, rows, profiled_seconds: float, plain_seconds: float):
+        self.profiled_seconds, self.plain_seconds = profiled_seconds, plain_seconds
+        self.overhead = profiled_seconds / plain_seconds
+        super().__init__(rows, [f"profiled run {format_seconds(profiled_seconds)}, plain run {format_seconds(plain_seconds)}: "
+                                f"cProfile's instrumentation made it {self.overhead:.2f}x slower"])
+
+    def share_of(self, fragment: str) -> float:
+        """Summed own-time share of the shown functions whose name contains ``fragment``."""
+        return sum(r.own_share for r in self.rows if fragment in r.function)
+
+
+def _function_label(key: tuple[str, int, str]) -> str:
+    filename, line, name = key
+    if filename == "~":  # a built-in: pstats names it '<built-in method ...>' or "<method 'x' of 'y' objects>"
+        return name
+    return f"{name} ({Path(filename).name}:{line})"
+
+
+def cprofile(fn: Callable, *args, repeat: int = 3, top: int = 12) -> PythonProfile:
+    """Run ``fn(*args)`` ``repeat`` times under cProfile; the ``top`` functions by own time, and cProfile's overhead."""
+    fn(*args)  # warm-up, as for any measurement
+    start = time.perf_counter()
+    for _ in range(repeat):
+        fn(*args)
+    plain = time.perf_counter() - start
+    profiler = cProfile.Profile()
+    start = time.perf_counter()
+    profiler.enable()
+    for _ in range(repeat):
+        fn(*args)
+    profiler.disable()
+    profiled = time.perf_counter() - start
+    stats = pstats.Stats(profiler).stats  # {(file, line, name): (primitive calls, calls, own, cumulative, callers)}
+    own_total = sum(v[2] for v in stats.values()) or 1.0
+    ranked = sorted(stats.items(), key=lambda kv: kv[1][2], reverse=True)
+    rows = [FunctionCost(_function_label(key), calls, own, cumulative, own / own_total)
+            for key, (_, calls, own, cumulative, _) in ranked if not key[2].startswith("<method 'disable'")][:top]
+    return PythonProfile(rows, profiled, plain)
+
+
+# ---------------------------------------------------------------- py-spy
+
+
+@dataclass
+class SampledFunction:
+    function: str
+    own_share: float
+    total_share: float
+
+
+class SampledProfile(Report):
+    """py-spy's view of a running process: the share of samples in which each function was running (own) or on the stack."""
+
+    title = "py-spy: sampled functions"
+    columns = (Column("function", "function"), Column("own_share", "own", ".1%"), Column("total_share", "on the stack", ".1%"))
+
+    def __init__(self, rows, status: str, samples: int = 0, output: Path | None = None, notes: Sequence[str] = (), top: int = 10):
+        super().__init__(rows[:top], notes)
+        self.functions = list(rows)  # every sampled function; the table shows the first ``top``
+        self.status, self.samples, self.output = status, samples, output
+
+    def share_of(self, fragment: str, which: str = "total_share") -> float:
+        """The largest share (on the stack, or ``which='own_share'``) of a sampled function whose name contains ``fragment``."""
+        return max((getattr(r, which) for r in self.functions if fragment in r.function), default=0.0)
+
+
+PTRACE_HELP = (
+    "py-spy reads another process's memory, which needs ptrace permission. On Linux: run as root, or allow it with "
+    "`sudo sysctl kernel.yama.ptrace_scope=0` (or 1, which lets py-spy profile the programs it starts); in Docker, "
+    "start the container with `--cap-add SYS_PTRACE`. On macOS py-spy always needs `sudo`."
+)
+
+
+def find_py_spy() -> str | None:
+    """The py-spy executable beside this Python (a venv's bin/), else on PATH."""
+    beside = Path(sys.executable).parent / "py-spy"
+    return str(beside) if beside.exists() else shutil.which("py-spy")
+
+
+def explain_py_spy_failure(returncode: int, stderr: str) -> tuple[str, str]:
+    """Classify a failed py-spy run: ('cannot attach', how to allow it) for permission errors, else ('failed', its message)."""
+    text = stderr.lower()
+    if any(s in text for s in ("permission denied", "operation not permitted", "ptrace", "elevated permissions", "sudo")):
+        return "cannot attach", f"py-spy could not attach to the process: {stderr.strip().splitlines()[-1] if stderr.strip() else 'permission denied'}. {PTRACE_HELP}"
+    tail = " ".join(stderr.strip().splitlines()[-3:]) or f"exit status {returncode}"
+    return "failed", f"py-spy failed ({tail})."
+
+
+def parse_collapsed_stacks(text: str, within: str | None = None) -> tuple[list[SampledFunction], int]:
+    """Shares from py-spy's raw (collapsed-stack) output: lines 'frame;frame;...;frame count'.
+
+    With ``within``, only samples whose stack holds a frame whose name starts
+    with it count (e.g. the workload's loop, not the interpreter's start-up).
+    """
+    own: dict[str, int] = {}
+    total: dict[str, int] = {}
+    samples = 0
+    for line in text.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.strip().isdigit():
+            continue
+        frames = [f.strip() for f in stack.split(";") if f.strip()]
+        if within and not any(f.startswith(within) for f in frames):
+            continue
+        n = int(count)
+        samples += n
+        own[frames[-1]] = own.get(frames[-1], 0) + n
+        for frame in set(frames):
+            total[frame] = total.get(frame, 0) + n
+    rows = [SampledFunction(f, own.get(f, 0) / samples, total[f] / samples) for f in total] if samples else []
+    rows.sort(key=lambda r: (r.own_share, r.total_share), reverse=True)
+    return rows, samples
+
+
+def py_spy(workload: str = "input_pipeline", seconds: float = 2.0, rate: int = 100, top: int = 10, timeout: float = 120) -> SampledProfile:
+    """Sample ``python -m helpers.workloads <workload>`` with py-spy; never raises, explains what went wrong instead.
+
+    py-spy starts the program itself (so ptrace_scope=1, the Ubuntu default, is
+    enough), samples its stacks ``rate`` times a second without modifying it, and
+    writes collapsed stacks, which are read back into shares per function.
+    """
+    exe = find_py_spy()
+    if exe is None:
+        return SampledProfile([], "not installed", notes=["py-spy is not installed here: `pip install py-spy` (the kit pins it in pyproject.toml)."])
+    output = build_dir("profiles") / f"py-spy-{workload}.txt"
+    output.unlink(missing_ok=True)
+    command = [exe, "record", "--rate", str(rate), "--format", "raw", "--output", str(output), "--",
+               sys.executable, "-m", "helpers.workloads", workload, "--seconds", str(seconds)]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=Path(__file__).resolve().parents[1])
+    except subprocess.TimeoutExpired:
+        return SampledProfile([], "failed", notes=[f"py-spy did not finish within {timeout:.0f} s."])
+    if done.returncode != 0 or not output.exists():
+        status, why = explain_py_spy_failure(done.returncode, done.stderr + done.stdout)
+        return SampledProfile([], status, notes=[why])
+    rows, samples = parse_collapsed_stacks(output.read_text(), within="_run_for")
+    return SampledProfile(rows, "ok", samples, output, [f"{samples} samples at {rate} Hz over the workload's loop; raw stacks: {output}"], top)
+
+
+# ---------------------------------------------------------------- torch.profiler
+
+
+@dataclass
+class OpCost:
+    op: str
+    calls: int
+    self_seconds: float
+    total_seconds: float
+    self_share: float
+
+
+class OpProfile(Report):
+    """torch.profiler's op table (self time: the op's own work, without the ops it calls) and where its trace is."""
+
+    title = "torch.profiler: ops by self time"
+    columns = (
+        Column("op", "op"),
+        Column("calls", "calls", ",d"),
+        Column("self_seconds", "self time", format_seconds),
+        Column("total_seconds", "total time", format_seconds),
+        Column("self_share", "share", ".1%"),
+    )
+
+    def __init__(self, rows, trace: Path | None, device: torch.device, steps: int):
+        notes = [f"{steps} profiled steps on {device}; times are "
+                 + ("GPU kernel time" if is_gpu(device) else "CPU time")]
+        if trace:
+            notes.append(f"trace written to {trace}: open it at ui.perfetto.dev (or chrome://tracing), "
+                         f"or run `tensorboard --logdir {trace.parent}` with the torch-tb-profiler plugin")
+        super().__init__(rows, notes)
+        self.trace, self.device, self.steps = trace, device, steps
+
+
+def torch_profile(step: Callable[[], object], steps: int = 5, device: str | torch.device | None = None, name: str = "step", top: int = 10) -> OpProfile:
+    """Profile ``steps`` calls of ``step`` (after one skipped and one warm-up call) and export a trace under build/profiles/.
+
+    The schedule and the trace handler are torch.profiler's own: the trace is a
+    Chrome-trace JSON file that Perfetto and TensorBoard both read.
+    """
+    device = pick_device(device)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if is_gpu(device) else [])
+    folder = build_dir("profiles", name)
+    for old in folder.glob("*.pt.trace.json"):
+        old.unlink()
+    with profile(activities=activities, schedule=schedule(wait=1, warmup=1, active=steps), on_trace_ready=tensorboard_trace_handler(str(folder), worker_name=name)) as prof:
+        for _ in range(steps + 2):
+            step()
+            synchronize(device)
+            prof.step()
+    traces = sorted(folder.glob("*.pt.trace.json"), key=lambda p: p.stat().st_mtime)
+    on_gpu = is_gpu(device)
+    averages = [a for a in prof.key_averages() if not a.key.startswith("ProfilerStep")]
+    self_time = (lambda a: a.self_device_time_total) if on_gpu else (lambda a: a.self_cpu_time_total)
+    total_time = (lambda a: a.device_time_total) if on_gpu else (lambda a: a.cpu_time_total)
+    whole = sum(self_time(a) for a in averages) or 1.0
+    ranked = sorted(averages, key=self_time, reverse=True)[:top]
+    rows = [OpCost(a.key, a.count, self_time(a) / 1e6, total_time(a) / 1e6, self_time(a) / whole) for a in ranked]
+    return OpProfile(rows, traces[-1] if traces else None, device, steps)
+
+
+# ---------------------------------------------------------------- anomaly detection
+
+
+class RowNormalize(nn.Module):
+    """Scale each row to unit length. A row of zeros gives 0 forward but 0/0 = NaN in backward (sqrt'(0) is infinite)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        length = x.pow(2).sum(-1, keepdim=True).sqrt()
+        return x / (length + 1e-6)
+
+
+@dataclass
+class AnomalyRun:
+    mode: str
+    loss: float
+    nan_gradients: str
+    outcome: str
+
+
+class AnomalyReport(Report):
+    """A NaN born in backward: silent without anomaly mode, caught with its forward trace with it."""
+
+    title = "A NaN gradient, without and with torch.autograd.detect_anomaly()"
+    columns = (Column("mode", "mode"), Column("loss", "loss", ".4g"), Column("nan_gradients", "parameters with NaN gradients"), Column("outcome", "outcome"))
+
+    def __init__(self, rows, error: str, forward_trace: list[str]):
+        super().__init__(rows)
+        self.error, self.forward_trace = error, forward_trace
+
+    def table(self) -> str:
+        trace = "\n".join(self.forward_trace) or "(no trace)"
+        return f"{super().table()}\n\nanomaly mode's error: {self.error}\nforward call that produced it (frames outside torch):\n{trace}"
+
+
+def _forward_trace(message: str) -> list[str]:
+    """The frames of anomaly mode's 'Traceback of forward call' in the user's code: not torch, the standard
+    library, installed packages (a Jupyter kernel's own frames) or frozen modules."""
+    library = tuple(str(Path(p).resolve()) for p in {sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib")})
+    lines = message.splitlines()
+    frames = []
+    for i, line in enumerate(lines):
+        match = re.match(r'\s*File "([^"]+)", line \d+', line)
+        if not match:
+            continue
+        path = match.group(1)
+        if path.startswith("<frozen") or "/torch/" in path or str(Path(path).resolve()).startswith(library):
+            continue
+        code = lines[i + 1].strip() if i + 1 < len(lines) and not lines[i + 1].strip().startswith("File") else ""
+        frames.append(f"{line.strip()}\n    {code}")
+    return frames
+
+
+def anomaly_demo(seed: int = 0) -> AnomalyReport:
+    """Train one step on a batch holding an all-zero row (a padding row), then re-run its backward in anomaly mode.
+
+    Plain autograd returns NaN gradients without a word, and the optimizer step
+    then turns every weight it touches into NaN. detect_anomaly() stops at the
+    backward function that produced the first NaN and shows the forward line
+    that created it.
+    """
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(8, 8, bias=False), RowNormalize(), nn.Linear(8, 2))
+    x = torch.randn(4, 8)
+    x[-1] = 0  # a padding row
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def nan_parameters() -> str:
+        names = [n for n, p in model.named_parameters() if p.grad is not None and p.grad.isnan().any()]
+        return ", ".join(names) or "none"
+
+    loss = model(x).square().mean()
+    loss.backward()
+    plain = AnomalyRun("plain backward", loss.item(), nan_parameters(), "no error")
+    optimizer.step()
+    after = model(torch.randn(4, 8)).square().mean().item()
+    stepped = AnomalyRun("after optimizer.step()", after, "-", "weights are NaN now" if math.isnan(after) else "weights finite")
+    with torch.no_grad():  # undo the damage: fresh weights, same seed
+        torch.manual_seed(seed)
+        model.load_state_dict(nn.Sequential(nn.Linear(8, 8, bias=False), RowNormalize(), nn.Linear(8, 2)).state_dict())
+    model.zero_grad(set_to_none=True)
+    error, trace = "", []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            with torch.autograd.detect_anomaly():
+                loss = model(x).square().mean()
+                loss.backward()
+        except RuntimeError as err:
+            error = str(err)
+    for warning in caught:
+        if "Traceback of forward call" in str(warning.message):
+            trace = _forward_trace(str(warning.message))
+    caught_row = AnomalyRun("detect_anomaly()", loss.item(), nan_parameters(), "RuntimeError raised in backward" if error else "no error")
+    return AnomalyReport([plain, stepped, caught_row], error, trace)
+
+
+# ---------------------------------------------------------------- the three profile patterns
+
+SYNC_OPS = {"aten::item", "aten::_local_scalar_dense", "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy"}
+TINY_OP_US = 50.0  # CPU: a median op this short is mostly dispatch overhead
+MANY_OPS = 50  # per step
+SYNC_STALL_SHARE = 0.05  # GPU: of the step spent from a sync until the next op starts
+OPS_PER_SYNC = 20  # CPU: a host read at least this often means host and device take turns
+GPU_BUSY_SHARE = 0.5  # below it, the GPU mostly waits for the host
+
+
+@dataclass
+class ProfileMetrics:
+    """What a profile of repeated steps shows, per step."""
+
+    device: str
+    steps: int
+    step_seconds: float
+    ops_per_step: float
+    median_op_us: float
+    op_share: float  # of wall time inside PyTorch ops (the rest: Python and other host work)
+    syncs_per_step: float
+    sync_stall_share: float  # of wall time from each sync until the next op starts: when a GPU would have nothing queued
+    device_busy: float | None  # GPU only: kernel time / wall time
+    top_op: str
+    top_op_share: float  # of the time inside ops
+
+
+def _ancestors(event) -> list:
+    chain, parent = [], event.cpu_parent
+    while parent is not None:
+        chain.append(parent)
+        parent = parent.cpu_parent
+    return chain
+
+
+def metrics_from_profile(events, wall_seconds: float, steps: int, device: torch.device) -> ProfileMetrics:
+    """Derive per-step figures from torch.profiler events: op count and time, sync points and the stalls after them."""
+    cpu_events = [e for e in events if e.device_type == DeviceType.CPU]
+    outer_ops = [e for e in cpu_events if e.name.startswith("aten::") and not any(a.name.startswith("aten::") for a in _ancestors(e))]
+    syncs = [e for e in cpu_events if e.name in SYNC_OPS and not any(a.name in SYNC_OPS for a in _ancestors(e))]
+    durations = sorted(e.cpu_time_total for e in outer_ops)
+    op_us = sum(durations)
+    starts = sorted(e.time_range.start for e in outer_ops)
+    stall_us = 0.0
+    for sync in syncs:  # from the sync's start to the next op that does not belong to it
+        later = [s for s in starts if s >= sync.time_range.end]
+        if later:
+            stall_us += later[0] - sync.time_range.start
+    by_name: dict[str, float] = {}
+    for e in outer_ops:
+        by_name[e.name] = by_name.get(e.name, 0.0) + e.cpu_time_total
+    top = max(by_name, key=by_name.get) if by_name else "-"
+    busy = None
+    if is_gpu(device):
+        kernel_us = sum(e.time_range.elapsed_us() for e in events if e.device_type == DeviceType.CUDA)
+        busy = kernel_us / 1e6 / wall_seconds
+    wall_us = wall_seconds * 1e6
+    return ProfileMetrics(
+        device=str(device),
+        steps=steps,
+        step_seconds=wall_seconds / steps,
+        ops_per_step=len(outer_ops) / steps,
+        median_op_us=durations[len(durations) // 2] if durations else 0.0,
+        op_share=min(op_us / wall_us, 1.0),
+        syncs_per_step=len(syncs) / steps,
+        sync_stall_share=min(stall_us / wall_us, 1.0),
+        device_busy=busy,
+        top_op=top,
+        top_op_share=by_name.get(top, 0.0) / op_us if op_us else 0.0,
+    )
+
+
+def measure_profile(step: Callable[[], object], steps: int = 5, device: str | torch.device | None = None) -> ProfileMetrics:
+    """Profile ``steps`` calls of ``step`` (after a warm-up call) and derive the figures the diagnosis reads."""
+    device = pick_device(device)
+    step()
+    synchronize(device)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if is_gpu(device) else [])
+    with profile(activities=activities) as prof:
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        synchronize(device)
+        wall = time.perf_counter() - start
+    return metrics_from_profile(prof.events(), wall, steps, device)
+
+
+def diagnose(m: ProfileMetrics) -> tuple[str, str]:
+    """The profile pattern ``m`` shows, and the evidence, by three rules checked in order.
+
+    1. synchronisation bound: the host reads device results every step: on a
+       GPU, the time from each read to the next op is a noticeable share of the
+       step; on a CPU, which has no queue for a read to drain, the reads are
+       frequent (host and device take turns);
+    2. launch bound: on a GPU, the GPU is mostly idle; on a CPU, many ops per
+       step, the median one so short that dispatching it costs about as much as
+       running it (the median, not the mean, so a few slow ops do not hide it);
+    3. otherwise compute bound: the time is inside a few substantial ops.
+    """
+    if m.syncs_per_step >= 1:
+        ops_per_sync = m.ops_per_step / m.syncs_per_step
+        reads = f"{m.syncs_per_step:.0f} host reads of device results per step, one every {ops_per_sync:.0f} ops"
+        if m.device_busy is not None and m.sync_stall_share >= SYNC_STALL_SHARE:
+            return "synchronisation bound", f"{reads}; from each read to the next op: {m.sync_stall_share:.0%} of the step, with the GPU's queue empty"
+        if m.device_busy is None and ops_per_sync <= OPS_PER_SYNC:
+            return "synchronisation bound", (f"{reads}: host and device take turns. Here they cost {m.sync_stall_share:.1%} of the step "
+                                             f"(a CPU has no queue to drain); on a GPU each one empties the queue")
+    if m.device_busy is not None:
+        if m.device_busy < GPU_BUSY_SHARE:
+            return "launch bound", f"the GPU is busy {m.device_busy:.0%} of the time; {m.ops_per_step:.0f} ops per step, median {m.median_op_us:.1f} us of host time each"
+        return "compute bound", f"the GPU is busy {m.device_busy:.0%} of the time; {m.top_op} takes {m.top_op_share:.0%} of op time"
+    if m.median_op_us < TINY_OP_US and m.ops_per_step >= MANY_OPS:
+        return "launch bound", (f"{m.ops_per_step:.0f} ops per step, median {m.median_op_us:.1f} us; {m.op_share:.0%} of the step "
+                                f"is inside ops, the rest is Python and dispatch")
+    return "compute bound", (f"{m.ops_per_step:.0f} ops per step, median {m.median_op_us:,.0f} us; {m.op_share:.0%} of the step inside ops, "
+                             f"{m.top_op} {m.top_op_share:.0%} of it")
+
+
+@dataclass
+class PatternDiagnosis:
+    program: str
+    expected: str
+    verdict: str
+    evidence: str
+    step_seconds: float
+    fix: str
+    fixed_seconds: float
+    speedup: float
+    metrics: ProfileMetrics
+
+
+class ProfilePatterns(Report):
+    """Three small programs, each diagnosed from its own profile, then fixed and timed again."""
+
+    title = "Profile patterns: diagnosis from the profile, and the fix measured"
+    columns = (
+        Column("program", "program"),
+        Column("verdict", "diagnosis"),
+        Column("evidence", "evidence from the profile"),
+        Column("fix", "fix"),
+        Column("step_seconds", "step", format_seconds),
+        Column("fixed_seconds", "fixed", format_seconds),
+        Column("speedup", "speed-up", ".2f"),
+    )
+
+    def __init__(self, rows, notice: str | None):
+        super().__init__(rows)
+        self.notice = notice
+
+    def by_pattern(self, expected: str) -> PatternDiagnosis:
+        return next(r for r in self.rows if r.expected == expected)
+
+    def plot(self, ax=None):
+        names = [r.expected for r in self.rows]
+        metrics = {
+            "inside ops": [r.metrics.op_share * 100 for r in self.rows],
+            "stalled after syncs": [r.metrics.sync_stall_share * 100 for r in self.rows],
+        }
+        if self.rows and self.rows[0].metrics.device_busy is not None:
+            metrics["GPU busy"] = [r.metrics.device_busy * 100 for r in self.rows]
+        return plots.grouped_bars(names, metrics, ax, title="What each profile shows", ylabel="% of step time")
+
+
+def diagnose_program(program: Program, device: torch.device, steps: int = 5, min_run_time: float = 0.2) -> PatternDiagnosis:
+    """Profile a program, diagnose it, and time it and its fix with helpers.timeit."""
+    metrics = measure_profile(program.step, steps, device)
+    verdict, evidence = diagnose(metrics)
+    slow = timeit(program.step, device=device, min_run_time=min_run_time).median
+    fast = timeit(program.fixed, device=device, min_run_time=min_run_time).median
+    return PatternDiagnosis(program.name, program.expected, verdict, evidence, slow, program.fix, fast, slow / fast, metrics)
+
+
+def profile_patterns(
+    device: str | torch.device | None = None,
+    steps: int = 5,
+    min_run_time: float = 0.2,
+    compute_n: int | None = None,
+    launch_samples: int = 64,
+    decode_length: int = 24,
+) -> ProfilePatterns:
+    """Reproduce, profile, diagnose and fix the three patterns on ``device`` (the GPU version when there is one).
+
+    ``compute_n`` is the matmul size of the compute-bound program, ``launch_samples``
+    the number of one-sample calls of the launch-bound one, ``decode_length`` the
+    tokens per step of the synchronisation-bound one.
+    """
+    device = pick_device(device)
+    notice = gpu_notice("the GPU view of the patterns (kernel time, host-device stalls)", device)
+    programs = [make_compute_bound(device, compute_n), make_launch_bound(device, launch_samples), make_sync_bound(device, length=decode_length)]
+    return ProfilePatterns([diagnose_program(p, device, steps, min_run_time) for p in programs], notice)
