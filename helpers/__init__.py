@@ -24,6 +24,18 @@ from .bench import (  # noqa: E402
 from . import models  # noqa: E402
 from .device import describe, gpu_available, peak_flops, pick_device, synchronize  # noqa: E402
 from .models import BasicFCModel, LeNet, alexnet_2012  # noqa: E402
+from .precision import (  # noqa: E402
+    amp_comparison,
+    autocast_ops,
+    dynamic_loss_scaling,
+    loss_scaling,
+    number_formats,
+    step_memory,
+    tensor_core_alignment,
+)
+from .pipelines import BucketBatchSampler, pad_batch, padding_strategies, sequence_lengths, storage_formats, synthetic_images  # noqa: E402
+from .profiling import anomaly_demo, cprofile, diagnose, profile_patterns, py_spy, torch_profile  # noqa: E402
+from .compiling import eager_vs_compiled  # noqa: E402
 
 __all__ = [
     "BasicFCModel",
@@ -45,4 +57,25 @@ __all__ = [
     "time_matmul",
     "timeit",
     "transfer_sweep",
+    # Lecture 5: mixed precision, data pipelines, profiling, compilation
+    "BucketBatchSampler",
+    "amp_comparison",
+    "anomaly_demo",
+    "autocast_ops",
+    "cprofile",
+    "diagnose",
+    "dynamic_loss_scaling",
+    "eager_vs_compiled",
+    "loss_scaling",
+    "number_formats",
+    "pad_batch",
+    "padding_strategies",
+    "profile_patterns",
+    "py_spy",
+    "sequence_lengths",
+    "step_memory",
+    "storage_formats",
+    "synthetic_images",
+    "tensor_core_alignment",
+    "torch_profile",
 ]
