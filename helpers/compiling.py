@@ -50,9 +50,8 @@ class CompiledComparison(Report):
         self.eager, self.compiled = rows
 
     def plot(self, ax=None):
-        ax = plots.new_axes(ax, title=f"{self.program}: time per call", xlabel="milliseconds")
-        ax.barh([r.mode for r in self.rows][::-1], [r.steady_seconds * 1e3 for r in self.rows][::-1], color=plots.CYCLE[: len(self.rows)][::-1])
-        return ax
+        return plots.horizontal_bars([r.mode for r in self.rows], [r.steady_seconds * 1e3 for r in self.rows], ax,
+                                     title=f"{self.program}: time per call", xlabel="milliseconds")
 
 
 def _first_call(fn: Callable, args, device: torch.device) -> tuple[float, object]:

@@ -85,8 +85,8 @@ class StorageFormats(Report):
 
     def plot(self, ax=None):
         names = [r.format for r in self.rows]
-        parts = {"read": [r.read_seconds for r in self.rows], "decode": [r.decode_seconds for r in self.rows]}
-        return plots.stacked_bars(names, parts, ax, title="One epoch of images", ylabel="seconds")
+        parts = {"read": [r.read_seconds * 1e3 for r in self.rows], "decode": [r.decode_seconds * 1e3 for r in self.rows]}
+        return plots.stacked_bars(names, parts, ax, title="One epoch of images", ylabel="milliseconds")
 
 
 def _write_image_files(images: np.ndarray, directory: Path, fmt: str, **options) -> list[Path]:
@@ -137,13 +137,13 @@ def storage_formats(images: np.ndarray, directory: str | Path, jpeg_quality: int
         np.save(paths[-1], image)
     shuffled = [paths[i] for i in order]
     blobs = _read_all(shuffled)
-    rows.append(StorageFormat(".npy file per image (raw)", len(paths), sum(len(b) for b in blobs),
+    rows.append(StorageFormat("npy per image", len(paths), sum(len(b) for b in blobs),
                               timeit(_read_all, shuffled, min_run_time=min_run_time).median,
                               timeit(_decode_npy, blobs, min_run_time=min_run_time).median))
     packed = directory / "packed.npy"
     np.save(packed, images)
     array = np.load(packed, mmap_mode="r")
-    rows.append(StorageFormat("one packed array (.npy, mmap)", 1, packed.stat().st_size,
+    rows.append(StorageFormat("packed array (mmap)", 1, packed.stat().st_size,
                               timeit(lambda: [np.array(array[i]) for i in order], min_run_time=min_run_time).median, 0.0))
     return StorageFormats(rows, len(images), directory)
 
@@ -290,10 +290,8 @@ class PaddingStrategies(Report):
         return next(r for r in self.rows if r.strategy.startswith(prefix))
 
     def plot(self, ax=None):
-        ax = plots.new_axes(ax, title="Epoch time by padding strategy", xlabel="seconds per epoch")
-        names = [f"{r.strategy}\n({r.padding_share:.0%} padding)" for r in self.rows][::-1]
-        ax.barh(names, [r.epoch_seconds for r in self.rows][::-1], color=plots.CYCLE[: len(self.rows)][::-1])
-        return ax
+        names = [f"{r.strategy}\n({r.padding_share:.0%} padding)" for r in self.rows]
+        return plots.horizontal_bars(names, [r.epoch_seconds for r in self.rows], ax, title="Epoch time by padding strategy", xlabel="seconds per epoch")
 
 
 def _train_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, loader: DataLoader, device: torch.device) -> tuple[int, int, int, float]:
@@ -302,13 +300,13 @@ def _train_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, loader: Dat
     synchronize(device)
     start = time.perf_counter()
     for tokens, labels in loader:
+        batches += 1
+        positions += tokens.numel()
+        padding += int((tokens == PAD).sum())  # counted on the host copy: no device sync inside the timed loop
         tokens, labels = tokens.to(device), labels.to(device)
         optimizer.zero_grad(set_to_none=True)
         nn.functional.cross_entropy(model(tokens), labels).backward()
         optimizer.step()
-        batches += 1
-        positions += tokens.numel()
-        padding += int((tokens == PAD).sum())
     synchronize(device)
     return batches, positions, padding, time.perf_counter() - start
 

@@ -173,3 +173,20 @@ def log2_histogram(values: Sequence[float], marks: Mapping[str, float] | None = 
     if marks:
         ax.legend()
     return ax
+
+
+def horizontal_bars(names: Sequence[str], values: Sequence[float], ax=None, **labels):
+    """One horizontal bar per name, the first on top, each in its own cycle colour."""
+    ax = new_axes(ax, **labels)
+    ax.barh(list(names)[::-1], list(values)[::-1], color=CYCLE[: len(values)][::-1])
+    return ax
+
+
+def labelled_scatter(points: Mapping[str, tuple[float, float]], ax=None, notes: Mapping[str, str] | None = None, **labels):
+    """One labelled point per name (x, y); ``notes`` adds a second line under a point's label."""
+    ax = new_axes(ax, **labels)
+    for i, (name, (x, y)) in enumerate(points.items()):
+        ax.scatter([x], [y], s=80, color=color_for(name, i), zorder=3)
+        text = name + (f"\n{notes[name]}" if notes and name in notes else "")
+        ax.annotate(text, (x, y), textcoords="offset points", xytext=(8, 6), fontsize=9)
+    return ax

@@ -138,11 +138,22 @@ def find_py_spy() -> str | None:
     return str(beside) if beside.exists() else shutil.which("py-spy")
 
 
+def ptrace_scope() -> int | None:
+    """Linux's Yama ptrace policy (0: any process of the same user, 1: only descendants, 2: admin only, 3: none), if set."""
+    try:
+        return int(Path("/proc/sys/kernel/yama/ptrace_scope").read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def explain_py_spy_failure(returncode: int, stderr: str) -> tuple[str, str]:
     """Classify a failed py-spy run: ('cannot attach', how to allow it) for permission errors, else ('failed', its message)."""
     text = stderr.lower()
     if any(s in text for s in ("permission denied", "operation not permitted", "ptrace", "elevated permissions", "sudo")):
-        return "cannot attach", f"py-spy could not attach to the process: {stderr.strip().splitlines()[-1] if stderr.strip() else 'permission denied'}. {PTRACE_HELP}"
+        scope = ptrace_scope()
+        policy = f" This machine's kernel.yama.ptrace_scope is {scope}." if scope is not None else ""
+        first = stderr.strip().splitlines()[0] if stderr.strip() else "permission denied"
+        return "cannot attach", f"py-spy could not attach to the process ({first}).{policy} {PTRACE_HELP}"
     tail = " ".join(stderr.strip().splitlines()[-3:]) or f"exit status {returncode}"
     return "failed", f"py-spy failed ({tail})."
 
@@ -191,6 +202,8 @@ def py_spy(workload: str = "input_pipeline", seconds: float = 2.0, rate: int = 1
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=Path(__file__).resolve().parents[1])
     except subprocess.TimeoutExpired:
         return SampledProfile([], "failed", notes=[f"py-spy did not finish within {timeout:.0f} s."])
+    except OSError as err:  # e.g. a py-spy binary for another platform
+        return SampledProfile([], "failed", notes=[f"py-spy could not be started: {err}"])
     if done.returncode != 0 or not output.exists():
         status, why = explain_py_spy_failure(done.returncode, done.stderr + done.stdout)
         return SampledProfile([], status, notes=[why])
@@ -508,14 +521,18 @@ class ProfilePatterns(Report):
         return next(r for r in self.rows if r.expected == expected)
 
     def plot(self, ax=None):
-        names = [r.expected for r in self.rows]
-        metrics = {
-            "inside ops": [r.metrics.op_share * 100 for r in self.rows],
-            "stalled after syncs": [r.metrics.sync_stall_share * 100 for r in self.rows],
-        }
-        if self.rows and self.rows[0].metrics.device_busy is not None:
-            metrics["GPU busy"] = [r.metrics.device_busy * 100 for r in self.rows]
-        return plots.grouped_bars(names, metrics, ax, title="What each profile shows", ylabel="% of step time")
+        """Each program on the map a diagnosis reads: ops per step against the median op's duration."""
+        points = {r.expected: (r.metrics.ops_per_step, max(r.metrics.median_op_us, 0.1)) for r in self.rows}
+        notes = {r.expected: "; ".join(part for part in (
+            f"{r.metrics.syncs_per_step:.0f} host reads per step" if r.metrics.syncs_per_step else "",
+            f"GPU busy {r.metrics.device_busy:.0%}" if r.metrics.device_busy is not None else "",
+        ) if part) for r in self.rows}
+        ax = plots.labelled_scatter(points, ax, notes, title="What each profile shows", xlabel="ops per step (log scale)",
+                                    ylabel="median op duration, us (log scale)", logx=True, logy=True)
+        ax.axhline(TINY_OP_US, linestyle="--", color="grey", linewidth=1)
+        ax.annotate("tiny ops: dispatch costs as much as the work", (1.0, TINY_OP_US), xycoords=("axes fraction", "data"), ha="right", va="bottom", fontsize=8, color="grey")
+        ax.margins(0.3)
+        return ax
 
 
 def diagnose_program(program: Program, device: torch.device, steps: int = 5, min_run_time: float = 0.2) -> PatternDiagnosis:

@@ -155,4 +155,4 @@ def test_profile_patterns_report_all_three(one_thread):
     assert [r.expected for r in report.rows] == ["compute bound", "launch bound", "synchronisation bound"]
     assert all(r.speedup == pytest.approx(r.step_seconds / r.fixed_seconds) for r in report.rows)
     assert report.by_pattern("launch bound").verdict == "launch bound"
-    assert len(report.plot().patches) == 6
+    assert len(report.plot().collections) == 3  # one point per program
