@@ -24,17 +24,11 @@ from .bench import (  # noqa: E402
 from . import models  # noqa: E402
 from .device import describe, gpu_available, peak_flops, pick_device, synchronize  # noqa: E402
 from .models import BasicFCModel, LeNet, alexnet_2012  # noqa: E402
-from .precision import (  # noqa: E402
-    amp_comparison,
-    autocast_ops,
-    dynamic_loss_scaling,
-    loss_scaling,
-    number_formats,
-    step_memory,
-    tensor_core_alignment,
-)
+from .precision import autocast_ops, dynamic_loss_scaling, loss_scaling, number_formats, tensor_core_alignment  # noqa: E402
+from .amp import amp_comparison, step_memory  # noqa: E402
 from .pipelines import BucketBatchSampler, pad_batch, padding_strategies, sequence_lengths, storage_formats, synthetic_images  # noqa: E402
-from .profiling import anomaly_demo, cprofile, diagnose, profile_patterns, py_spy, torch_profile  # noqa: E402
+from .profiling import anomaly_demo, cprofile, py_spy, torch_profile  # noqa: E402
+from .patterns import diagnose, profile_patterns  # noqa: E402
 from .compiling import eager_vs_compiled  # noqa: E402
 
 __all__ = [

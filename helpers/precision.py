@@ -1,9 +1,8 @@
 """Mixed precision, measured: number formats read from torch.finfo, tensor-core shape rules, which format autocast
-runs each op in, fp16 gradient underflow and loss scaling, and the memory and time AMP does and does not save.
+runs each op in, and fp16 gradient underflow rescued by loss scaling. (What AMP saves in memory and time: helpers.amp.)
 """
 from __future__ import annotations
 
-import copy
 import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -13,9 +12,8 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import plots
-from .bench import timeit
-from .device import gpu_notice, is_gpu, pick_device, synchronize
-from .report import Column, Report, format_bytes, format_seconds
+from .device import is_gpu, pick_device
+from .report import Column, Report
 
 DTYPE_NAMES = {torch.float64: "fp64", torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 
@@ -202,7 +200,7 @@ def autocast_ops(fn: Callable, *args, device: str | torch.device | None = None, 
     autocast lowers differ between devices: the table shows this device's.
     """
     device = pick_device(device)
-    low = _amp_dtype(device, dtype)
+    low = amp_dtype(device, dtype)
     with torch.autocast(device.type, dtype=low), _DtypeLog() as log:
         fn(*args)
     rows = []
@@ -218,7 +216,8 @@ def autocast_ops(fn: Callable, *args, device: str | torch.device | None = None, 
     return AutocastOps(rows, [f"autocast on {device.type} with dtype {DTYPE_NAMES[low]}"])
 
 
-def _amp_dtype(device: torch.device, dtype: str | None) -> torch.dtype:
+def amp_dtype(device: torch.device, dtype: str | None) -> torch.dtype:
+    """The 16-bit dtype autocast should use: ``dtype`` ('fp16' or 'bf16'), by default bf16 on a CPU and fp16 on a GPU."""
     if dtype is None:
         return torch.float16 if is_gpu(device) else torch.bfloat16
     names = {v: k for k, v in DTYPE_NAMES.items()}
@@ -419,180 +418,3 @@ def _phases(scales: list[float], skipped: list[bool]) -> list[ScalePhase]:
         else:
             phases.append(ScalePhase(step, step, scale, int(skip)))
     return phases
-
-
-# ---------------------------------------------------------------- memory and time of one training step
-
-
-@dataclass
-class StepMemory:
-    """Bytes of one training step by category; ``activation_bytes`` is what forward keeps for backward."""
-
-    mode: str
-    parameters: int
-    param_bytes: int
-    grad_bytes: int
-    optimizer_bytes: int
-    activation_bytes: int
-    peak_bytes: int
-
-    @property
-    def bytes_per_parameter(self) -> float:
-        """Persistent training state (weights, gradients, optimizer state) per parameter."""
-        return (self.param_bytes + self.grad_bytes + self.optimizer_bytes) / self.parameters
-
-
-def make_optimizer(optimizer: str | Callable, params) -> torch.optim.Optimizer:
-    if callable(optimizer):
-        return optimizer(params)
-    choices = {"adam": lambda p: torch.optim.Adam(p, foreach=False), "sgd": lambda p: torch.optim.SGD(p, lr=1e-3, momentum=0.9)}
-    if optimizer not in choices:
-        raise ValueError(f"unknown optimizer {optimizer!r}: pass 'adam', 'sgd' or a function params -> torch.optim.Optimizer")
-    return choices[optimizer](params)
-
-
-def _train_step(model, optimizer, x, low: torch.dtype | None, scaler=None) -> None:
-    """Forward (under autocast when ``low`` is set), a mean-square loss, backward, optimizer step."""
-    optimizer.zero_grad(set_to_none=True)
-    with torch.autocast(x.device.type, dtype=low or torch.float32, enabled=low is not None):
-        out = model(x)
-    loss = out.float().square().mean()
-    if scaler is None:
-        loss.backward()
-        optimizer.step()
-    else:
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scaler.update()
-
-
-def step_memory(
-    model: nn.Module,
-    example_input: torch.Tensor,
-    optimizer: str | Callable = "adam",
-    amp: str | None = None,
-    device: str | torch.device | None = None,
-) -> StepMemory:
-    """Measure the memory of one real training step by category with torch's MemTracker.
-
-    Two steps run under the tracker (the first creates the optimizer state);
-    during the second it reads what forward saved for backward, the gradients after
-    backward and the optimizer state after the step. On a GPU the peak is
-    torch.cuda.max_memory_allocated, which counts every tensor on the device.
-    """
-    from torch.distributed._tools.mem_tracker import MemTracker
-
-    device = pick_device(device)
-    low = _amp_dtype(device, amp) if amp else None
-    model = copy.deepcopy(model).to(device)
-    x = example_input.to(device)
-    opt = make_optimizer(optimizer, model.parameters())
-    scaler = torch.amp.GradScaler(device.type) if low == torch.float16 else None
-    tracker = MemTracker()
-    tracker.track_external(model, opt)
-    readings = {}
-    if is_gpu(device):
-        synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-    with tracker:
-        for step in range(2):
-            tracker.reset_mod_stats()
-            opt.zero_grad(set_to_none=True)
-            with torch.autocast(device.type, dtype=low or torch.float32, enabled=low is not None):
-                out = model(x)
-            readings["forward"] = _categories(tracker.get_tracker_snapshot(), device)
-            loss = out.float().square().mean()
-            (scaler.scale(loss) if scaler else loss).backward()
-            del out, loss
-            readings["backward"] = _categories(tracker.get_tracker_snapshot(), device)
-            if scaler:
-                scaler.step(opt)
-                scaler.update()
-            else:
-                opt.step()
-            readings["step"] = _categories(tracker.get_tracker_snapshot(), device)
-    peak = _categories(tracker.get_tracker_snapshot("peak"), device)["Total"]
-    if is_gpu(device):
-        synchronize(device)
-        peak = torch.cuda.max_memory_allocated(device)
-    return StepMemory(
-        mode=f"AMP {DTYPE_NAMES[low]}" if low else "fp32",
-        parameters=sum(p.numel() for p in model.parameters()),
-        param_bytes=readings["step"]["PARAM"],
-        grad_bytes=readings["backward"]["GRAD"],
-        optimizer_bytes=readings["step"]["OPT"],
-        activation_bytes=readings["forward"]["ACT"],
-        peak_bytes=peak,
-    )
-
-
-def _categories(snapshot: dict, device: torch.device) -> dict[str, int]:
-    """MemTracker's snapshot for ``device`` as {'PARAM': bytes, 'GRAD': ..., 'Total': ...}."""
-    per_device = next((v for k, v in snapshot.items() if torch.device(k).type == device.type), {})
-    return {getattr(k, "name", k): v for k, v in per_device.items()}
-
-
-@dataclass
-class PrecisionRun:
-    mode: str
-    step_seconds: float
-    speedup: float
-    memory: StepMemory
-
-
-class AmpComparison(Report):
-    """fp32 against AMP on one model: step time, and memory by category."""
-
-    title = "fp32 vs automatic mixed precision: one training step"
-    columns = (
-        Column("mode", "mode"),
-        Column("step_seconds", "step time", format_seconds),
-        Column("speedup", "speed-up", ".2f"),
-        Column("memory", "weights", lambda m: format_bytes(m.param_bytes)),
-        Column("memory", "gradients", lambda m: format_bytes(m.grad_bytes)),
-        Column("memory", "optimizer state", lambda m: format_bytes(m.optimizer_bytes)),
-        Column("memory", "activations", lambda m: format_bytes(m.activation_bytes)),
-        Column("memory", "peak", lambda m: format_bytes(m.peak_bytes)),
-        Column("memory", "bytes / parameter", lambda m: f"{m.bytes_per_parameter:.1f}"),
-    )
-
-    def __init__(self, rows, notice: str | None):
-        fp32, amp = rows
-        notes = [f"activations: {amp.memory.activation_bytes / fp32.memory.activation_bytes:.2f}x of fp32; "
-                 f"weights + gradients + optimizer state: {amp.memory.bytes_per_parameter:.1f} vs {fp32.memory.bytes_per_parameter:.1f} bytes per parameter"]
-        super().__init__(rows, notes)
-        self.notice = notice
-        self.fp32, self.amp = fp32, amp
-
-    def plot(self, ax=None):
-        parts = {
-            "weights": [r.memory.param_bytes / 2**20 for r in self.rows],
-            "gradients": [r.memory.grad_bytes / 2**20 for r in self.rows],
-            "optimizer state": [r.memory.optimizer_bytes / 2**20 for r in self.rows],
-            "activations": [r.memory.activation_bytes / 2**20 for r in self.rows],
-        }
-        return plots.stacked_bars([r.mode for r in self.rows], parts, ax, title="Training memory by category", ylabel="MiB")
-
-
-def amp_comparison(
-    model: nn.Module,
-    example_input: torch.Tensor,
-    device: str | torch.device | None = None,
-    amp: str | None = None,
-    optimizer: str | Callable = "adam",
-    min_run_time: float = 0.5,
-) -> AmpComparison:
-    """Time a training step and measure its memory in fp32 and under autocast (bf16 on a CPU, fp16 on a GPU by default)."""
-    device = pick_device(device)
-    notice = gpu_notice("tensor-core mixed precision", device)
-    low = _amp_dtype(device, amp)
-    rows = []
-    for dtype in (None, low):
-        net = copy.deepcopy(model).to(device)
-        opt = make_optimizer(optimizer, net.parameters())
-        scaler = torch.amp.GradScaler(device.type) if dtype == torch.float16 else None
-        x = example_input.to(device)
-        seconds = timeit(_train_step, net, opt, x, dtype, scaler, device=device, min_run_time=min_run_time).median
-        memory = step_memory(model, example_input, optimizer, DTYPE_NAMES[dtype] if dtype else None, device)
-        rows.append(PrecisionRun(memory.mode, seconds, rows[0].step_seconds / seconds if rows else 1.0, memory))
-    return AmpComparison(rows, notice)

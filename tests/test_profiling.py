@@ -1,7 +1,6 @@
-"""helpers.profiling and helpers.workloads: the profilers' readings, the anomaly demo, and the pattern diagnosis."""
+"""helpers.profiling and helpers.workloads: the profilers' readings, the anomaly demo, and the programs' fixes."""
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 
@@ -96,46 +95,6 @@ def test_anomaly_mode_names_the_backward_function_and_the_forward_line():
     assert any("profiling.py" in frame and ".sqrt()" in frame for frame in report.forward_trace)
 
 
-@pytest.fixture(scope="module")
-def one_thread():
-    """The diagnosis reads the structure of a profile; one thread keeps other programs' load from distorting op times."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.mark.parametrize("make", [lambda: workloads.make_compute_bound(CPU, 256), lambda: workloads.make_launch_bound(CPU, 16),
-                                  lambda: workloads.make_sync_bound(CPU, length=6)], ids=["compute", "launch", "sync"])
-def test_each_program_is_diagnosed_as_the_pattern_it_reproduces(make, one_thread):
-    program = make()
-    metrics = profiling.measure_profile(program.step, steps=2, device=CPU)
-    verdict, evidence = profiling.diagnose(metrics)
-    assert verdict == program.expected, evidence
-
-
-def test_profile_metrics_count_ops_and_host_reads():
-    metrics = profiling.measure_profile(workloads.make_sync_bound(CPU, length=6).step, steps=2, device=CPU)
-    assert metrics.syncs_per_step == 6  # one .item() per generated token
-    assert metrics.device_busy is None and 0 < metrics.op_share <= 1 and 0 <= metrics.sync_stall_share < 1
-    four, eight = (profiling.measure_profile(workloads.make_launch_bound(CPU, samples=n).step, steps=2, device=CPU) for n in (4, 8))
-    per_sample = (eight.ops_per_step - four.ops_per_step) / 4
-    assert four.syncs_per_step == 0 and per_sample >= 6 * 3  # six layers of linear, layer norm and GELU per sample
-    assert four.ops_per_step == pytest.approx(4 * per_sample, abs=2)  # ops grow with the samples, one call each
-
-
-def _gpu_metrics(**changes) -> profiling.ProfileMetrics:
-    base = profiling.ProfileMetrics("cuda", 5, 0.01, 20, 10.0, 0.5, 0, 0.0, 0.95, "aten::mm", 0.9)
-    return dataclasses.replace(base, **changes)
-
-
-def test_gpu_side_of_the_diagnosis_reads_how_busy_the_gpu_was():
-    assert profiling.diagnose(_gpu_metrics())[0] == "compute bound"
-    assert profiling.diagnose(_gpu_metrics(device_busy=0.2, ops_per_step=800))[0] == "launch bound"
-    assert profiling.diagnose(_gpu_metrics(syncs_per_step=3, sync_stall_share=0.4, device_busy=0.3))[0] == "synchronisation bound"
-    assert profiling.diagnose(_gpu_metrics(syncs_per_step=1, sync_stall_share=0.001))[0] == "compute bound"  # one cheap read
-
-
 def test_fixed_programs_compute_the_same_results():
     launch = workloads.make_launch_bound(CPU, samples=5)
     assert torch.allclose(torch.cat(launch.step()), launch.fixed(), atol=1e-5)
@@ -148,11 +107,3 @@ def test_fixed_programs_compute_the_same_results():
 
 def test_workload_command_runs_a_workload_for_a_while():
     assert workloads.main(["launch_bound", "--seconds", "0"]) == 0
-
-
-def test_profile_patterns_report_all_three(one_thread):
-    report = profiling.profile_patterns("cpu", steps=1, min_run_time=0.01, compute_n=128, launch_samples=8, decode_length=4)
-    assert [r.expected for r in report.rows] == ["compute bound", "launch bound", "synchronisation bound"]
-    assert all(r.speedup == pytest.approx(r.step_seconds / r.fixed_seconds) for r in report.rows)
-    assert report.by_pattern("launch bound").verdict == "launch bound"
-    assert len(report.plot().collections) == 3  # one point per program

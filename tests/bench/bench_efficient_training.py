@@ -9,7 +9,7 @@ from torch import nn
 from helpers.compiling import eager_vs_compiled
 from helpers.device import gpu_available
 from helpers.pipelines import padding_strategies, sequence_lengths, storage_formats, synthetic_images
-from helpers.precision import amp_comparison
+from helpers.amp import amp_comparison
 from helpers.workloads import tiny_mlp
 
 from . import BenchResult, Target
