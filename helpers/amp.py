@@ -39,6 +39,7 @@ class StepMemory:
 
 
 def make_optimizer(optimizer: str | Callable, params) -> torch.optim.Optimizer:
+    """'adam' (one tensor at a time, so no multi-tensor temporaries blur the state's size), 'sgd' with momentum, or a factory."""
     if callable(optimizer):
         return optimizer(params)
     choices = {"adam": lambda p: torch.optim.Adam(p, foreach=False), "sgd": lambda p: torch.optim.SGD(p, lr=1e-3, momentum=0.9)}
@@ -47,12 +48,17 @@ def make_optimizer(optimizer: str | Callable, params) -> torch.optim.Optimizer:
     return choices[optimizer](params)
 
 
+def _loss(out: torch.Tensor) -> torch.Tensor:
+    """A stand-in loss (mean square of the output, in fp32): the memory and time are the model's, not the loss's."""
+    return out.float().square().mean()
+
+
 def _train_step(model, optimizer, x, low: torch.dtype | None, scaler=None) -> None:
-    """Forward (under autocast when ``low`` is set), a mean-square loss, backward, optimizer step."""
+    """Forward (under autocast when ``low`` is set), the loss, backward, optimizer step."""
     optimizer.zero_grad(set_to_none=True)
     with torch.autocast(x.device.type, dtype=low or torch.float32, enabled=low is not None):
         out = model(x)
-    loss = out.float().square().mean()
+    loss = _loss(out)
     if scaler is None:
         loss.backward()
         optimizer.step()
@@ -91,13 +97,13 @@ def step_memory(
         synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
     with tracker:
-        for step in range(2):
+        for _ in range(2):
             tracker.reset_mod_stats()
             opt.zero_grad(set_to_none=True)
             with torch.autocast(device.type, dtype=low or torch.float32, enabled=low is not None):
                 out = model(x)
             readings["forward"] = _categories(tracker.get_tracker_snapshot(), device)
-            loss = out.float().square().mean()
+            loss = _loss(out)
             (scaler.scale(loss) if scaler else loss).backward()
             del out, loss
             readings["backward"] = _categories(tracker.get_tracker_snapshot(), device)

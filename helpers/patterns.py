@@ -3,6 +3,7 @@ torch.profiler run, a diagnosis that reads them, and the programs of helpers.wor
 """
 from __future__ import annotations
 
+import bisect
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -44,6 +45,7 @@ class ProfileMetrics:
 
 
 def _ancestors(event) -> list:
+    """The ops (and runtime calls) that enclose ``event`` on its thread, innermost first."""
     chain, parent = [], event.cpu_parent
     while parent is not None:
         chain.append(parent)
@@ -61,9 +63,9 @@ def metrics_from_profile(events, wall_seconds: float, steps: int, device: torch.
     starts = sorted(e.time_range.start for e in outer_ops)
     stall_us = 0.0
     for sync in syncs:  # from the sync's start to the next op that does not belong to it
-        later = [s for s in starts if s >= sync.time_range.end]
-        if later:
-            stall_us += later[0] - sync.time_range.start
+        following = bisect.bisect_left(starts, sync.time_range.end)
+        if following < len(starts):
+            stall_us += starts[following] - sync.time_range.start
     by_name: dict[str, float] = {}
     for e in outer_ops:
         by_name[e.name] = by_name.get(e.name, 0.0) + e.cpu_time_total
