@@ -3,10 +3,11 @@ with TorchScript as the fallback where torch.compile cannot run (no C++ compiler
 """
 from __future__ import annotations
 
+import contextlib
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
@@ -93,16 +94,19 @@ def eager_vs_compiled(
     backend: str = "inductor",
     mode: str | None = None,
     min_run_time: float = 0.3,
+    threads: int | None = None,
 ) -> CompiledComparison:
     """Time ``fn(*args)`` eagerly and compiled, under torch.no_grad() (inference).
 
     The compiled first call includes tracing, code generation and (for inductor
     on a CPU) a C++ compiler run; the steady-state time is taken after it with
     helpers.timeit. If torch.compile fails, TorchScript is measured instead and
-    the reason is reported.
+    the reason is reported. ``threads`` runs everything on that many CPU threads:
+    for tiny tensors one is right (eager PyTorch would not split them anyway,
+    while compiled loops may, and then wait on a busy core).
     """
     device = pick_device(device)
-    with torch.no_grad():
+    with torch.no_grad(), cpu_threads(threads if device.type == "cpu" else None):
         eager_first, reference = _first_call(fn, args, device)
         eager_steady = timeit(fn, *args, device=device, min_run_time=min_run_time).median
         start = time.perf_counter()
@@ -115,4 +119,19 @@ def eager_vs_compiled(
     eager = ExecutionMode("eager", eager_first, eager_steady, 0.0, 1.0, 0.0, None)
     fast = ExecutionMode(label, compiled_first, compiled_steady, compile_seconds, eager_steady / compiled_steady,
                          _difference(reference, output), compile_seconds / saving if saving > 0 else None)
-    return CompiledComparison([eager, fast], program or getattr(fn, "__name__", type(fn).__name__), reason)
+    program = program or getattr(fn, "__name__", type(fn).__name__)
+    if threads and device.type == "cpu":
+        program += f", on {threads} CPU thread{'s' if threads > 1 else ''}"
+    return CompiledComparison([eager, fast], program, reason)
+
+
+@contextlib.contextmanager
+def cpu_threads(threads: int | None) -> Iterator[None]:
+    """Within the block, torch uses ``threads`` CPU threads (None: leave the setting alone)."""
+    previous = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)

@@ -30,7 +30,7 @@ def run(quick: bool) -> BenchResult:
     padding = padding_strategies(sequence_lengths(64 if quick else 512, max_len=64 if quick else 256), rounds=1 if quick else 2)
     with tempfile.TemporaryDirectory() as folder:
         storage = storage_formats(synthetic_images(16 if quick else 256, 64 if quick else 256), folder, min_run_time=0.02 if quick else 0.3)
-    compiled = None if quick else eager_vs_compiled(tiny_mlp(), torch.randn(32, 32), program="narrow MLP (launch bound)")
+    compiled = None if quick else eager_vs_compiled(tiny_mlp(), torch.randn(32, 32), program="narrow MLP (launch bound)", threads=1)
 
     whole, bucketed = padding.by_strategy("pad the whole"), padding.by_strategy("bucket")
     targets = [
