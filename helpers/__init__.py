@@ -41,6 +41,12 @@ from .starvation import starvation_sweep  # noqa: E402
 from .systolic import compare_dataflows, systolic_matmul  # noqa: E402
 from .train import train, train_on_devices  # noqa: E402
 from .workingset import estimate_training_for  # noqa: E402
+from .precision import autocast_ops, dynamic_loss_scaling, loss_scaling, number_formats, tensor_core_alignment  # noqa: E402
+from .amp import amp_comparison, step_memory  # noqa: E402
+from .pipelines import BucketBatchSampler, pad_batch, padding_strategies, sequence_lengths, storage_formats, synthetic_images  # noqa: E402
+from .profiling import anomaly_demo, cprofile, py_spy, torch_profile  # noqa: E402
+from .patterns import diagnose, profile_patterns  # noqa: E402
+from .compiling import eager_vs_compiled  # noqa: E402
 
 __all__ = [
     "BasicFCModel",
@@ -80,4 +86,25 @@ __all__ = [
     "systolic_matmul",
     "train",
     "train_on_devices",
+    # Lecture 5: mixed precision, data pipelines, profiling, compilation
+    "BucketBatchSampler",
+    "amp_comparison",
+    "anomaly_demo",
+    "autocast_ops",
+    "cprofile",
+    "diagnose",
+    "dynamic_loss_scaling",
+    "eager_vs_compiled",
+    "loss_scaling",
+    "number_formats",
+    "pad_batch",
+    "padding_strategies",
+    "profile_patterns",
+    "py_spy",
+    "sequence_lengths",
+    "step_memory",
+    "storage_formats",
+    "synthetic_images",
+    "tensor_core_alignment",
+    "torch_profile",
 ]

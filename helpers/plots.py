@@ -234,3 +234,45 @@ def measured_and_model(measured: Mapping[str, tuple[Sequence[float], Sequence[fl
             ax.plot(mx, my, linestyle="--", label=f"{name} (model)", color=color)
     ax.legend()
     return ax
+
+
+def log2_ranges(ranges: Mapping[str, tuple[float, float, float]], ax=None, **labels):
+    """One horizontal bar per named number format: thin from its smallest subnormal, thick from its smallest normal to its largest."""
+    ax = new_axes(ax, **labels)
+    names = list(ranges)
+    for i, name in enumerate(names):
+        subnormal, normal, largest = (math.log2(v) for v in ranges[name])
+        color = color_for(name, i)
+        ax.plot([subnormal, normal], [i, i], color=color, linewidth=2, alpha=0.6)
+        ax.plot([normal, largest], [i, i], color=color, linewidth=8, solid_capstyle="butt")
+    ax.set_yticks(range(len(names)), names)
+    ax.invert_yaxis()
+    return ax
+
+
+def log2_histogram(values: Sequence[float], marks: Mapping[str, float] | None = None, ax=None, bins: int = 60, **labels):
+    """A histogram of values already on a log2 scale, with dashed vertical lines at the named ``marks``."""
+    ax = new_axes(ax, **labels)
+    ax.hist(values, bins=bins, color=CYCLE[0], alpha=0.8)
+    for i, (name, x) in enumerate((marks or {}).items()):
+        ax.axvline(x, linestyle="--", linewidth=1.2, color=CYCLE[(i + 3) % len(CYCLE)], label=name)
+    if marks:
+        ax.legend()
+    return ax
+
+
+def horizontal_bars(names: Sequence[str], values: Sequence[float], ax=None, **labels):
+    """One horizontal bar per name, the first on top, each in its own cycle colour."""
+    ax = new_axes(ax, **labels)
+    ax.barh(list(names)[::-1], list(values)[::-1], color=CYCLE[: len(values)][::-1])
+    return ax
+
+
+def labelled_scatter(points: Mapping[str, tuple[float, float]], ax=None, notes: Mapping[str, str] | None = None, **labels):
+    """One labelled point per name (x, y); ``notes`` adds a second line under a point's label."""
+    ax = new_axes(ax, **labels)
+    for i, (name, (x, y)) in enumerate(points.items()):
+        ax.scatter([x], [y], s=80, color=color_for(name, i), zorder=3)
+        text = name + (f"\n{notes[name]}" if notes and name in notes else "")
+        ax.annotate(text, (x, y), textcoords="offset points", xytext=(8, 6), fontsize=9)
+    return ax

@@ -1,0 +1,56 @@
+"""Lecture 5's figures: AMP memory by category, padding vs bucketing, storage formats, eager vs compiled."""
+from __future__ import annotations
+
+import tempfile
+
+import torch
+from torch import nn
+
+from helpers.compiling import eager_vs_compiled
+from helpers.device import gpu_available
+from helpers.pipelines import padding_strategies, sequence_lengths, storage_formats, synthetic_images
+from helpers.amp import amp_comparison
+from helpers.workloads import tiny_mlp
+
+from . import BenchResult, Target
+
+
+def _timing_target(what: str, measured: float | None, minimum: float, quick: bool) -> Target:
+    """Speed-ups are checked on full runs only: a quick run's problems are too small to time fairly."""
+    if quick:
+        return Target.not_here(what, f">= {minimum:g}x", "quick run")
+    return Target.at_least(what, measured, minimum, "x")
+
+
+def run(quick: bool) -> BenchResult:
+    width, batch = (128, 256) if quick else (512, 2048)  # a batch large enough that activations dominate
+    torch.manual_seed(0)
+    mlp = nn.Sequential(nn.Linear(width, width), nn.GELU(), nn.Linear(width, width), nn.GELU(), nn.Linear(width, width))
+    amp = amp_comparison(mlp, torch.randn(batch, width), min_run_time=0.05 if quick else 0.5)
+    padding = padding_strategies(sequence_lengths(64 if quick else 512, max_len=64 if quick else 256), rounds=1 if quick else 2)
+    with tempfile.TemporaryDirectory() as folder:
+        storage = storage_formats(synthetic_images(16 if quick else 256, 64 if quick else 256), folder, min_run_time=0.02 if quick else 0.3)
+    compiled = None if quick else eager_vs_compiled(tiny_mlp(), torch.randn(32, 32), program="narrow MLP (launch bound)", threads=1)
+
+    whole, bucketed = padding.by_strategy("pad the whole"), padding.by_strategy("bucket")
+    targets = [
+        Target.at_least("bytes per parameter, fp32 + Adam", amp.fp32.memory.bytes_per_parameter, 15.9),
+        Target.at_most("bytes per parameter, fp32 + Adam", amp.fp32.memory.bytes_per_parameter, 16.1),
+        Target.at_least("bytes per parameter, AMP + Adam", amp.amp.memory.bytes_per_parameter, 15.9),
+        Target.at_most("bytes per parameter, AMP + Adam", amp.amp.memory.bytes_per_parameter, 16.1),
+        Target.at_most("AMP activations / fp32 activations", amp.amp.memory.activation_bytes / amp.fp32.memory.activation_bytes, 0.8),
+        Target.at_most("padding share with length bucketing", bucketed.padding_share, 0.25),
+        _timing_target("epoch speed-up, bucketing vs whole-data-set padding", bucketed.epoch_seconds and whole.epoch_seconds / bucketed.epoch_seconds, 2.0, quick),
+        _timing_target("images/s, packed array vs PNG files", storage.by_format("packed").images_per_second / storage.by_format("PNG").images_per_second, 3.0, quick),
+    ]
+    if compiled is None or compiled.fallback_reason:
+        why = "quick run: no compilation" if compiled is None else "torch.compile could not run"
+        targets.append(Target.not_here("torch.compile speed-up, narrow MLP", ">= 1.5x", why))
+    else:
+        targets.append(_timing_target("torch.compile speed-up, narrow MLP", compiled.compiled.speedup, 1.5, quick))
+    if gpu_available():
+        targets.append(_timing_target("AMP training-step speed-up on the GPU", amp.amp.speedup, 1.5, quick))
+    else:
+        targets.append(Target.not_here("AMP training-step speed-up on the GPU", ">= 1.5x", "no GPU here"))
+    reports = [amp, padding, storage] + ([compiled] if compiled else [])
+    return BenchResult("efficient_training", reports, targets)

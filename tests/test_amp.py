@@ -1,0 +1,51 @@
+"""helpers.amp: bytes per parameter and activations of a real training step, fp32 vs AMP."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from helpers import amp
+
+
+def _mlp(width: int = 64) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(width, width), nn.GELU(), nn.Linear(width, width))
+
+
+def test_step_memory_counts_sixteen_bytes_per_parameter_with_adam_in_both_modes():
+    model, x = _mlp(), torch.randn(256, 64)
+    n = sum(p.numel() for p in model.parameters())
+    fp32 = amp.step_memory(model, x, "adam")
+    mixed = amp.step_memory(model, x, "adam", amp="bf16")
+    for run in (fp32, mixed):
+        assert run.parameters == n
+        assert run.param_bytes == 4 * n and run.grad_bytes == 4 * n
+        assert 8 * n <= run.optimizer_bytes < 8 * n + 64  # two moments, plus Adam's scalar step counters
+        assert run.bytes_per_parameter == pytest.approx(16, abs=0.1)
+        assert run.peak_bytes >= run.param_bytes + run.optimizer_bytes
+    assert mixed.activation_bytes < fp32.activation_bytes  # what AMP does save
+    assert (fp32.mode, mixed.mode) == ("fp32", "AMP bf16")
+
+
+def test_step_memory_with_sgd_momentum_is_twelve_bytes_per_parameter():
+    run = amp.step_memory(_mlp(), torch.randn(32, 64), "sgd")
+    assert run.bytes_per_parameter == pytest.approx(12, abs=0.1)
+    with pytest.raises(ValueError, match="adam"):
+        amp.step_memory(_mlp(), torch.randn(32, 64), "lion")
+
+
+def test_amp_comparison_reports_both_modes_and_plots():
+    report = amp.amp_comparison(_mlp(), torch.randn(128, 64), "cpu", min_run_time=0.02)
+    assert [r.mode for r in report.rows] == ["fp32", "AMP bf16"]
+    assert report.fp32.speedup == 1.0 and report.amp.speedup == pytest.approx(report.fp32.step_seconds / report.amp.step_seconds)
+    assert report.amp.memory.activation_bytes < report.fp32.memory.activation_bytes
+    assert "bytes per parameter" in report.table()
+    assert len(report.plot().patches) == 8  # four categories x two modes
+
+
+def test_fp16_path_with_a_grad_scaler_runs_on_the_cpu_too():
+    # a GPU's default is fp16 with torch.amp.GradScaler: the same code path, checked without a GPU
+    report = amp.amp_comparison(_mlp(32), torch.randn(64, 32), "cpu", amp="fp16", min_run_time=0.02)
+    assert report.amp.mode == "AMP fp16"
+    assert report.amp.memory.bytes_per_parameter == pytest.approx(16, abs=0.1)

@@ -1,0 +1,47 @@
+"""helpers.compiling: eager vs torch.compile, compile time apart from speed-up, and the TorchScript fallback."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers.compiling import eager_vs_compiled
+from helpers.workloads import tiny_mlp
+
+
+def pointwise_chain(x: torch.Tensor) -> torch.Tensor:
+    for _ in range(4):
+        x = torch.nn.functional.gelu(x) * 0.5 + x.sin()
+    return x
+
+
+def test_torch_compile_gives_the_eager_result_and_reports_compile_time_separately():
+    report = eager_vs_compiled(pointwise_chain, torch.randn(16, 64), min_run_time=0.02)
+    eager, compiled = report.rows
+    assert eager.mode == "eager" and eager.speedup == 1.0 and eager.compile_seconds == 0
+    if report.fallback_reason is None:
+        assert compiled.mode == "torch.compile (inductor)"
+    else:  # no usable C++ compiler on this machine: TorchScript, and the reason says why
+        assert compiled.mode.startswith("TorchScript")
+    assert compiled.max_difference < 1e-4
+    assert compiled.first_call_seconds > compiled.steady_seconds
+    assert compiled.compile_seconds == pytest.approx(compiled.first_call_seconds - compiled.steady_seconds)
+    assert compiled.speedup == pytest.approx(eager.steady_seconds / compiled.steady_seconds)
+    if compiled.speedup > 1:
+        saving = eager.steady_seconds - compiled.steady_seconds
+        assert compiled.break_even_calls == pytest.approx(compiled.compile_seconds / saving)
+
+
+def test_a_failing_compiler_falls_back_to_torchscript_and_says_why():
+    model, x = tiny_mlp(16, 2), torch.randn(4, 16)
+    report = eager_vs_compiled(model, x, backend="no_such_backend", min_run_time=0.02)
+    assert report.compiled.mode == "TorchScript (torch.jit.trace)"
+    assert "no_such_backend" in report.fallback_reason and "TorchScript was used instead" in report.table()
+    assert report.compiled.max_difference < 1e-5
+    assert len(report.plot().patches) == 2
+
+
+def test_threads_apply_during_the_measurement_only():
+    before = torch.get_num_threads()
+    report = eager_vs_compiled(tiny_mlp(16, 2), torch.randn(4, 16), backend="no_such_backend", threads=1, min_run_time=0.02)
+    assert torch.get_num_threads() == before
+    assert report.program.endswith("on 1 CPU thread")

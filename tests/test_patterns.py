@@ -1,0 +1,59 @@
+"""helpers.patterns: each program of helpers.workloads diagnosed from its own profile; the GPU rules on given figures."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from helpers import patterns, workloads
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """The diagnosis reads the structure of a profile; one thread keeps other programs' load from distorting op times."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("make", [lambda: workloads.make_compute_bound(CPU, 256), lambda: workloads.make_launch_bound(CPU, 16),
+                                  lambda: workloads.make_sync_bound(CPU, length=6)], ids=["compute", "launch", "sync"])
+def test_each_program_is_diagnosed_as_the_pattern_it_reproduces(make, one_thread):
+    program = make()
+    metrics = patterns.measure_profile(program.step, steps=2, device=CPU)
+    verdict, evidence = patterns.diagnose(metrics)
+    assert verdict == program.expected, evidence
+
+
+def test_profile_metrics_count_ops_and_host_reads():
+    metrics = patterns.measure_profile(workloads.make_sync_bound(CPU, length=6).step, steps=2, device=CPU)
+    assert metrics.syncs_per_step == 6  # one .item() per generated token
+    assert metrics.device_busy is None and 0 < metrics.op_share <= 1 and 0 <= metrics.sync_stall_share < 1
+    four, eight = (patterns.measure_profile(workloads.make_launch_bound(CPU, samples=n).step, steps=2, device=CPU) for n in (4, 8))
+    per_sample = (eight.ops_per_step - four.ops_per_step) / 4
+    assert four.syncs_per_step == 0 and per_sample >= 6 * 3  # six layers of linear, layer norm and GELU per sample
+    assert four.ops_per_step == pytest.approx(4 * per_sample, abs=2)  # ops grow with the samples, one call each
+
+
+def _gpu_metrics(**changes) -> patterns.ProfileMetrics:
+    base = patterns.ProfileMetrics("cuda", 5, 0.01, 20, 10.0, 0.5, 0, 0.0, 0.95, "aten::mm", 0.9)
+    return dataclasses.replace(base, **changes)
+
+
+def test_gpu_side_of_the_diagnosis_reads_how_busy_the_gpu_was():
+    assert patterns.diagnose(_gpu_metrics())[0] == "compute bound"
+    assert patterns.diagnose(_gpu_metrics(device_busy=0.2, ops_per_step=800))[0] == "launch bound"
+    assert patterns.diagnose(_gpu_metrics(syncs_per_step=3, sync_stall_share=0.4, device_busy=0.3))[0] == "synchronisation bound"
+    assert patterns.diagnose(_gpu_metrics(syncs_per_step=1, sync_stall_share=0.001))[0] == "compute bound"  # one cheap read
+
+
+def test_profile_patterns_report_all_three(one_thread):
+    report = patterns.profile_patterns("cpu", steps=1, min_run_time=0.01, compute_n=128, launch_samples=8, decode_length=4)
+    assert [r.expected for r in report.rows] == ["compute bound", "launch bound", "synchronisation bound"]
+    assert all(r.speedup == pytest.approx(r.step_seconds / r.fixed_seconds) for r in report.rows)
+    assert report.by_pattern("launch bound").verdict == "launch bound"
+    assert len(report.plot().collections) == 3  # one point per program

@@ -1,0 +1,102 @@
+"""helpers.precision: formats from torch.finfo, tensor-core alignment, autocast, loss scaling."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from helpers import precision
+
+
+@pytest.fixture(scope="module")
+def formats():
+    return precision.number_formats()
+
+
+def test_formats_have_the_ieee_and_brain_float_layouts(formats):
+    layout = {r.name: (r.bits, r.exponent_bits, r.mantissa_bits) for r in formats.rows}
+    assert layout["fp32"] == (32, 8, 23)
+    assert layout["fp16"] == (16, 5, 10)
+    assert layout["bf16"] == (16, 8, 7)
+    assert layout["tf32"] == (19, 8, 10)
+    if "fp8 e4m3" in layout:
+        assert layout["fp8 e4m3"] == (8, 4, 3) and layout["fp8 e5m2"] == (8, 5, 2)
+
+
+@pytest.mark.parametrize("name, dtype", [("fp16", torch.float16), ("bf16", torch.bfloat16), ("fp32", torch.float32)])
+def test_smallest_subnormal_is_the_last_value_before_zero(formats, name, dtype):
+    fmt = formats[name]
+    assert torch.tensor(fmt.smallest_subnormal, dtype=dtype).item() == fmt.smallest_subnormal
+    assert torch.tensor(fmt.smallest_subnormal * 0.49, dtype=dtype).item() == 0.0
+    assert torch.tensor(fmt.largest, dtype=dtype).item() == fmt.largest
+    assert math.isinf(torch.tensor(fmt.largest, dtype=dtype).mul(2).item())
+
+
+def test_tf32_has_fp32_range_and_fp16_precision(formats):
+    tf32, fp32, fp16 = formats["tf32"], formats["fp32"], formats["fp16"]
+    assert tf32.kind == "matmul mode" and fp32.kind == "storage"
+    assert tf32.epsilon == fp16.epsilon and tf32.smallest_normal == fp32.smallest_normal
+    assert math.floor(math.log2(tf32.largest)) == math.floor(math.log2(fp32.largest)) and tf32.largest < fp32.largest
+
+
+def test_formats_plot_one_bar_per_format(formats):
+    ax = formats.plot()
+    assert len(ax.get_yticks()) == len(formats.rows)
+
+
+def test_pad_to_multiple():
+    assert precision.pad_to_multiple(50257, 64) == 50304
+    assert precision.pad_to_multiple(64, 64) == 64
+    assert precision.pad_to_multiple(1, 8) == 8
+
+
+def test_alignment_flags_an_odd_vocabulary_and_says_what_to_pad_to():
+    model = nn.Sequential(nn.Embedding(50257, 768), nn.Linear(768, 50257), nn.Conv2d(3, 64, 3))
+    report = precision.tensor_core_alignment(model, "fp16")
+    bad = {(r.layer, r.dimension, r.padded) for r in report.misaligned}
+    assert bad == {("0", "num_embeddings (vocab)", 50264), ("1", "out_features (N)", 50264), ("2", "in_channels", 8)}
+    strict = precision.tensor_core_alignment(model, "fp16", recent_gpu=True)
+    assert {r.padded for r in strict.misaligned if r.size == 50257} == {50304}
+    with pytest.raises(ValueError, match="int8"):
+        precision.tensor_core_alignment(model, "fp12")
+
+
+def test_autocast_runs_matmuls_low_and_the_loss_in_fp32():
+    layer = nn.Linear(16, 16)
+    report = precision.autocast_ops(lambda x, y: nn.functional.cross_entropy(layer(x), y), torch.randn(4, 16), torch.randint(0, 16, (4,)), device="cpu")
+    assert report.ran_in("addmm") == "bf16"
+    assert report.ran_in("_log_softmax") == "fp32"
+    assert "cast" in {r.runs_in for r in report.rows}
+    with pytest.raises(ValueError, match="16-bit"):
+        precision.autocast_ops(lambda: None, device="cpu", dtype="fp32")
+
+
+def test_loss_scaling_rescues_underflow_and_overflows_when_too_large():
+    report = precision.loss_scaling("cpu", width=128, batch=128)
+    none, moderate, huge = report.outcome(1), report.outcome(2**16), report.outcome(2**40)
+    assert none.underflow_share > 0.3 and none.verdict == "gradients lost to underflow"
+    assert moderate.underflow_share < 0.001 and moderate.nonfinite_share == 0 and moderate.relative_error < 0.05
+    assert none.relative_error > 10 * moderate.relative_error
+    assert huge.nonfinite_share > 0 and huge.relative_error is None and huge.verdict.startswith("overflow")
+    assert report.below_subnormal_share > 0.3  # the reference predicts the underflow the fp16 run shows
+    report.plot()
+
+
+def test_dynamic_scaling_halves_on_overflow_and_grows_after_clean_steps():
+    interval = 5
+    report = precision.dynamic_loss_scaling("cpu", steps=20, init_scale=2.0**40, growth_interval=interval)
+    scales, skipped = report.scales, report.skipped
+    assert skipped[0] and scales[1] == scales[0] / 2  # 2^40 overflows fp16: skip, halve
+    for step in range(len(scales) - 1):
+        if skipped[step]:
+            assert scales[step + 1] == scales[step] / 2
+    clean_run = 0
+    for step in range(len(scales) - 1):
+        clean_run = 0 if skipped[step] else clean_run + 1
+        if clean_run == interval:
+            assert scales[step + 1] == 2 * scales[step]
+            clean_run = 0
+    assert sum(p.last_step - p.first_step + 1 for p in report.rows) == 20
+    assert sum(p.skipped_steps for p in report.rows) == sum(skipped)

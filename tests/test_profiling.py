@@ -1,0 +1,109 @@
+"""helpers.profiling and helpers.workloads: the profilers' readings, the anomaly demo, and the programs' fixes."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+
+from helpers import profiling, workloads
+
+CPU = torch.device("cpu")
+
+
+def spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def hot_function():
+    spin(0.02)
+
+
+def cold_function():
+    spin(0.002)
+
+
+def two_parts():
+    hot_function()
+    cold_function()
+
+
+def test_cprofile_ranks_the_function_that_takes_the_time():
+    report = profiling.cprofile(two_parts, repeat=2)
+    by_name = {r.function.split(" (")[0]: r for r in report.rows}
+    assert report.rows[0].function.startswith(("spin", "<built-in method time.perf_counter>"))
+    assert by_name["hot_function"].calls == 2 and by_name["two_parts"].calls == 2
+    assert by_name["hot_function"].total_seconds > 5 * by_name["cold_function"].total_seconds
+    assert report.plain_seconds > 0 and report.overhead == pytest.approx(report.profiled_seconds / report.plain_seconds)
+
+
+def test_collapsed_stacks_give_own_and_total_shares():
+    text = "main (a.py:1);_run_for (w.py:2);step (w.py:3);decode (w.py:4) 6\n" \
+           "main (a.py:1);_run_for (w.py:2);step (w.py:3);train (w.py:5) 2\n" \
+           "main (a.py:1);import torch (i.py:1) 12\n" \
+           "garbage line\n"
+    rows, samples = profiling.parse_collapsed_stacks(text, within="_run_for")
+    shares = {r.function.split(" (")[0]: (r.own_share, r.total_share) for r in rows}
+    assert samples == 8
+    assert shares["decode"] == (0.75, 0.75) and shares["train"] == (0.25, 0.25) and shares["step"] == (0.0, 1.0)
+    assert "import torch" not in shares
+    assert profiling.parse_collapsed_stacks(text)[1] == 20
+
+
+def test_py_spy_failures_are_explained_not_raised():
+    status, why = profiling.explain_py_spy_failure(1, "Error: Permission Denied: Try running again with elevated permissions by going 'sudo env \"PATH=$PATH\" !!'")
+    assert status == "cannot attach" and "ptrace" in why and "SYS_PTRACE" in why
+    status, why = profiling.explain_py_spy_failure(2, "Error: Failed to find python version from target process")
+    assert status == "failed" and "python version" in why
+
+
+def test_py_spy_samples_a_workload_or_says_why_not():
+    report = profiling.py_spy("input_pipeline", seconds=1, rate=100)
+    if profiling.find_py_spy() is None:
+        assert report.status == "not installed"
+        return
+    assert report.status in ("ok", "cannot attach"), report.table()
+    if report.status == "cannot attach":
+        assert "ptrace" in report.table()
+        return
+    assert report.samples > 0 and report.output.exists()
+    assert report.share_of("make_input_pipeline.<locals>.step") == pytest.approx(1.0)  # every counted sample is in the loop
+    assert sum(f.own_share for f in report.functions) == pytest.approx(1.0)
+    assert report.share_of("decode_batch") > 0
+
+
+def test_torch_profile_writes_a_trace_perfetto_can_read(tmp_path, monkeypatch):
+    monkeypatch.setenv("EDL_BUILD_DIR", str(tmp_path))
+    a = torch.randn(128, 128)
+    report = profiling.torch_profile(lambda: (a @ a).relu(), steps=3, device="cpu", name="matmul")
+    assert report.trace is not None and report.trace.is_relative_to(tmp_path)
+    events = json.loads(report.trace.read_text())["traceEvents"]
+    assert any(e.get("name") == "aten::mm" for e in events)
+    mm = next(r for r in report.rows if r.op == "aten::mm")
+    assert mm.calls == 3 and str(report.trace) in report.table()
+
+
+def test_anomaly_mode_names_the_backward_function_and_the_forward_line():
+    report = profiling.anomaly_demo()
+    plain, stepped, caught = report.rows
+    assert plain.nan_gradients == "0.weight" and plain.outcome == "no error" and plain.loss == plain.loss  # loss finite
+    assert stepped.outcome == "weights are NaN now"
+    assert caught.outcome.startswith("RuntimeError") and "SqrtBackward0" in report.error
+    assert any("profiling.py" in frame and ".sqrt()" in frame for frame in report.forward_trace)
+
+
+def test_fixed_programs_compute_the_same_results():
+    launch = workloads.make_launch_bound(CPU, samples=5)
+    assert torch.allclose(torch.cat(launch.step()), launch.fixed(), atol=1e-5)
+    sync = workloads.make_sync_bound(CPU, length=5)
+    assert sync.step() == sync.fixed()
+    compute = workloads.make_compute_bound(CPU, 64)
+    exact, fast = compute.step(), compute.fixed()
+    assert ((exact - fast.float()).norm() / exact.norm()).item() < 0.05
+
+
+def test_workload_command_runs_a_workload_for_a_while():
+    assert workloads.main(["launch_bound", "--seconds", "0"]) == 0
