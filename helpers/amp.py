@@ -1,8 +1,5 @@
-"""What automatic mixed precision saves, measured on one real training step: time, and memory by category
-(weights, gradients, optimizer state, activations) read with torch's MemTracker.
-
-``step_memory`` is the one place that measures; it takes the arguments of a whole-step memory estimate
-(model, example input, optimizer, amp), so the two can be compared or exchanged.
+"""What automatic mixed precision saves on one training step: time (measured), and memory by category
+(weights, gradients, optimizer state, activations) from ``helpers.memory.training_memory``.
 """
 from __future__ import annotations
 
@@ -15,14 +12,15 @@ from torch import nn
 
 from . import plots
 from .bench import timeit
-from .device import gpu_notice, is_gpu, pick_device, synchronize
+from .device import gpu_notice, pick_device
+from .memory import default_loss, make_optimizer, training_memory
 from .precision import DTYPE_NAMES, amp_dtype
 from .report import Column, Report, format_bytes, format_seconds
 
 
 @dataclass
 class StepMemory:
-    """Bytes of one training step by category; ``activation_bytes`` is what forward keeps for backward."""
+    """Bytes of one training step by category; ``activation_bytes`` is the most forward keeps for backward."""
 
     mode: str
     parameters: int
@@ -38,27 +36,12 @@ class StepMemory:
         return (self.param_bytes + self.grad_bytes + self.optimizer_bytes) / self.parameters
 
 
-def make_optimizer(optimizer: str | Callable, params) -> torch.optim.Optimizer:
-    """'adam' (one tensor at a time, so no multi-tensor temporaries blur the state's size), 'sgd' with momentum, or a factory."""
-    if callable(optimizer):
-        return optimizer(params)
-    choices = {"adam": lambda p: torch.optim.Adam(p, foreach=False), "sgd": lambda p: torch.optim.SGD(p, lr=1e-3, momentum=0.9)}
-    if optimizer not in choices:
-        raise ValueError(f"unknown optimizer {optimizer!r}: pass 'adam', 'sgd' or a function params -> torch.optim.Optimizer")
-    return choices[optimizer](params)
-
-
-def _loss(out: torch.Tensor) -> torch.Tensor:
-    """A stand-in loss (mean square of the output, in fp32): the memory and time are the model's, not the loss's."""
-    return out.float().square().mean()
-
-
 def _train_step(model, optimizer, x, low: torch.dtype | None, scaler=None) -> None:
     """Forward (under autocast when ``low`` is set), the loss, backward, optimizer step."""
     optimizer.zero_grad(set_to_none=True)
     with torch.autocast(x.device.type, dtype=low or torch.float32, enabled=low is not None):
         out = model(x)
-    loss = _loss(out)
+    loss = default_loss(out)
     if scaler is None:
         loss.backward()
         optimizer.step()
@@ -75,63 +58,26 @@ def step_memory(
     amp: str | None = None,
     device: str | torch.device | None = None,
 ) -> StepMemory:
-    """Measure the memory of one real training step by category with torch's MemTracker.
+    """One training step's memory by category, from ``training_memory`` (fake tensors: nothing is allocated).
 
-    Two steps run under the tracker (the first creates the optimizer state);
-    during the second it reads what forward saved for backward, the gradients after
-    backward and the optimizer state after the step. On a GPU the peak is
-    torch.cuda.max_memory_allocated, which counts every tensor on the device.
+    ``optimizer`` is one of training_memory's names ("sgd", "sgd_momentum", "adam") or a
+    factory; ``amp`` is None (fp32), "bf16" or "fp16". The activations are the largest
+    amount forward held at any point of the step; the tests check training_memory
+    against real steps.
     """
-    from torch.distributed._tools.mem_tracker import MemTracker
-
     device = pick_device(device)
     low = amp_dtype(device, amp) if amp else None
-    model = copy.deepcopy(model).to(device)
-    x = example_input.to(device)
-    opt = make_optimizer(optimizer, model.parameters())
-    scaler = torch.amp.GradScaler(device.type) if low == torch.float16 else None
-    tracker = MemTracker()
-    tracker.track_external(model, opt)
-    readings = {}
-    if is_gpu(device):
-        synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-    with tracker:
-        for _ in range(2):
-            tracker.reset_mod_stats()
-            opt.zero_grad(set_to_none=True)
-            with torch.autocast(device.type, dtype=low or torch.float32, enabled=low is not None):
-                out = model(x)
-            readings["forward"] = _categories(tracker.get_tracker_snapshot(), device)
-            loss = _loss(out)
-            (scaler.scale(loss) if scaler else loss).backward()
-            del out, loss
-            readings["backward"] = _categories(tracker.get_tracker_snapshot(), device)
-            if scaler:
-                scaler.step(opt)
-                scaler.update()
-            else:
-                opt.step()
-            readings["step"] = _categories(tracker.get_tracker_snapshot(), device)
-    peak = _categories(tracker.get_tracker_snapshot("peak"), device)["Total"]
-    if is_gpu(device):
-        synchronize(device)
-        peak = torch.cuda.max_memory_allocated(device)
+    report = training_memory(model, example_input, optimizer, amp=low or False, device=device)
+    on_device = [snapshot.get(report.device, {}) for _, snapshot in report.timeline]
     return StepMemory(
         mode=f"AMP {DTYPE_NAMES[low]}" if low else "fp32",
-        parameters=sum(p.numel() for p in model.parameters()),
-        param_bytes=readings["step"]["PARAM"],
-        grad_bytes=readings["backward"]["GRAD"],
-        optimizer_bytes=readings["step"]["OPT"],
-        activation_bytes=readings["forward"]["ACT"],
-        peak_bytes=peak,
+        parameters=report.param_count,
+        param_bytes=report.param_bytes,
+        grad_bytes=report.grad_bytes,
+        optimizer_bytes=report.state_bytes,
+        activation_bytes=max((s.get("activations", 0) for s in on_device), default=0),
+        peak_bytes=report.peak_bytes,
     )
-
-
-def _categories(snapshot: dict, device: torch.device) -> dict[str, int]:
-    """MemTracker's snapshot for ``device`` as {'PARAM': bytes, 'GRAD': ..., 'Total': ...}."""
-    per_device = next((v for k, v in snapshot.items() if torch.device(k).type == device.type), {})
-    return {getattr(k, "name", k): v for k, v in per_device.items()}
 
 
 @dataclass
@@ -191,7 +137,7 @@ def amp_comparison(
     rows = []
     for dtype in (None, low):
         net = copy.deepcopy(model).to(device)
-        opt = make_optimizer(optimizer, net.parameters())
+        opt = make_optimizer(optimizer, list(net.parameters()), foreach=None)
         scaler = torch.amp.GradScaler(device.type) if dtype == torch.float16 else None
         x = example_input.to(device)
         seconds = timeit(_train_step, net, opt, x, dtype, scaler, device=device, min_run_time=min_run_time).median

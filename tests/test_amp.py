@@ -1,4 +1,4 @@
-"""helpers.amp: bytes per parameter and activations of a real training step, fp32 vs AMP."""
+"""helpers.amp: bytes per parameter and activations of a training step (via training_memory), fp32 vs AMP."""
 from __future__ import annotations
 
 import pytest
@@ -9,8 +9,9 @@ from helpers import amp
 
 
 def _mlp(width: int = 64) -> nn.Module:
+    """Narrow and deep with a small output: at a large batch its activations dominate, as in most training."""
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(width, width), nn.GELU(), nn.Linear(width, width))
+    return nn.Sequential(nn.Linear(width, width), nn.GELU(), nn.Linear(width, width), nn.GELU(), nn.Linear(width, 8))
 
 
 def test_step_memory_counts_sixteen_bytes_per_parameter_with_adam_in_both_modes():
@@ -29,7 +30,7 @@ def test_step_memory_counts_sixteen_bytes_per_parameter_with_adam_in_both_modes(
 
 
 def test_step_memory_with_sgd_momentum_is_twelve_bytes_per_parameter():
-    run = amp.step_memory(_mlp(), torch.randn(32, 64), "sgd")
+    run = amp.step_memory(_mlp(), torch.randn(32, 64), "sgd_momentum")
     assert run.bytes_per_parameter == pytest.approx(12, abs=0.1)
     with pytest.raises(ValueError, match="adam"):
         amp.step_memory(_mlp(), torch.randn(32, 64), "lion")

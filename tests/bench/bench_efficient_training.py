@@ -23,9 +23,9 @@ def _timing_target(what: str, measured: float | None, minimum: float, quick: boo
 
 
 def run(quick: bool) -> BenchResult:
-    width, batch = (128, 256) if quick else (512, 2048)  # a batch large enough that activations dominate
+    width, batch = (128, 1024) if quick else (256, 4096)  # narrow, deep, a large batch: activations dominate
     torch.manual_seed(0)
-    mlp = nn.Sequential(nn.Linear(width, width), nn.GELU(), nn.Linear(width, width), nn.GELU(), nn.Linear(width, width))
+    mlp = nn.Sequential(*[layer for _ in range(4) for layer in (nn.Linear(width, width), nn.GELU())], nn.Linear(width, 10))
     amp = amp_comparison(mlp, torch.randn(batch, width), min_run_time=0.05 if quick else 0.5)
     padding = padding_strategies(sequence_lengths(64 if quick else 512, max_len=64 if quick else 256), rounds=1 if quick else 2)
     with tempfile.TemporaryDirectory() as folder:
