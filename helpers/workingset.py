@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 from . import plots
 from .bench import timeit
 from .device import is_gpu, pick_device
+from .memory import training_memory
 from .models import BasicFCModel
 from .report import Column, Report, format_bytes, format_seconds
 
@@ -58,18 +59,9 @@ def memory_levels(device: torch.device) -> list[MemoryLevel]:
 
 
 def training_working_set_bytes(model: nn.Module, example_input: torch.Tensor) -> int:
-    """Bytes one plain-SGD training step touches: parameters, their gradients, the input and every leaf
-    module's output (kept for the backward pass). SGD without momentum keeps no optimizer state."""
-    outputs = []
-    hooks = [m.register_forward_hook(lambda _m, _i, out: outputs.append(out.numel() * out.element_size())) for m in model.modules() if not list(m.children())]
-    try:
-        with torch.no_grad():
-            model(example_input)
-    finally:
-        for hook in hooks:
-            hook.remove()
-    parameters = sum(p.numel() * p.element_size() for p in model.parameters())
-    return 2 * parameters + example_input.numel() * example_input.element_size() + sum(outputs)
+    """Peak bytes of one plain-SGD training step (parameters, gradients, input, activations, temporaries),
+    from ``helpers.memory.training_memory``: computed on fake tensors, nothing allocated."""
+    return training_memory(model, example_input, "sgd").peak_bytes
 
 
 @dataclass

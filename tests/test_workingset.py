@@ -26,10 +26,13 @@ def test_cache_sizes_agree_with_lscpu():
     assert list(caches.values()) == sorted(caches.values())
 
 
-def test_working_set_of_the_mlp_is_parameters_gradients_input_and_activations():
+def test_working_set_of_the_mlp_is_one_sgd_steps_peak():
     hidden, batch = 100, 8
-    expected = 4 * (2 * (784 * hidden + hidden + hidden * 10 + 10) + batch * 784 + batch * hidden * 2 + batch * 10)  # fc1, relu, fc2 outputs
-    assert training_working_set_bytes(BasicFCModel(hidden), torch.randn(batch, 1, 28, 28)) == expected
+    parameters = 4 * (784 * hidden + hidden + hidden * 10 + 10)
+    floor = 2 * parameters + 4 * batch * 784  # weights and their gradients, and the input, coexist at the end of backward
+    everything = floor + 4 * (batch * hidden * 2 + batch * 10)  # plus every layer output (fc1, relu, fc2) at once
+    working_set = training_working_set_bytes(BasicFCModel(hidden), torch.randn(batch, 1, 28, 28))
+    assert floor <= working_set <= everything
 
 
 def test_estimate_training_for_extrapolates_measured_steps():
