@@ -107,7 +107,7 @@ class WorkingSetSweep(Report):
             f"Each step was timed on a batch kept in {device} memory ({_runs_on(device, threads)}; the fastest block of steps, as "
             f"other programs can only slow a block down); an epoch is "
             f"{steps_per_epoch:,} such steps (extrapolated, not run), and {epochs} epochs are {epochs} such epochs.",
-            "Working set = parameters + gradients + input + every layer's output. Once it outgrows a cache, every step streams "
+            "Working set = the peak memory of one SGD step (training_memory: parameters, gradients, input, activations, temporaries). Once it outgrows a cache, every step streams "
             "it from the next, slower level; that costs time where the step is bound by memory traffic rather than arithmetic "
             "(a larger batch does more arithmetic per byte and hides it), so compare the time per parameter either side of the "
             "dashed lines. At the smallest sizes a fixed per-step overhead (Python, kernel launches) dominates instead.",
