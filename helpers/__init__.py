@@ -10,6 +10,7 @@ import logging
 logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
 
 from .bench import (  # noqa: E402
+    batch_throughput,
     benchmark_mistakes,
     caching_allocator_demo,
     copy_compute_overlap,
@@ -49,6 +50,7 @@ from .patterns import diagnose, profile_patterns  # noqa: E402
 from .compiling import eager_vs_compiled  # noqa: E402
 
 __all__ = [
+    "batch_throughput",
     "BasicFCModel",
     "LeNet",
     "alexnet_2012",

@@ -618,3 +618,66 @@ def _temporarily(obj: object, attribute: str, value: object) -> Iterator[None]:
         yield
     finally:
         setattr(obj, attribute, previous)
+
+
+# ---------------------------------------------------------------- parallelism across a batch
+
+
+@dataclass
+class BatchPoint:
+    batch: int
+    step_seconds: float
+    samples_per_second: float
+    speedup_per_sample: float
+
+
+class BatchThroughput(Report):
+    """Training-step time and throughput against batch size: how much parallelism a batch exposes."""
+
+    title = "Training throughput against batch size"
+    columns = (
+        Column("batch", "batch"),
+        Column("step_seconds", "time per step", format_seconds),
+        Column("samples_per_second", "samples/s", ",.0f"),
+        Column("speedup_per_sample", "per-sample speed-up vs batch 1", ".1f"),
+    )
+
+    def __init__(self, rows, device: torch.device, model_name: str):
+        super().__init__(rows, [f"{model_name} on {device}: forward, backward and an SGD step per timed call (helpers.timeit)."])
+        self.device = device
+
+    def plot(self, ax=None):
+        series = {str(self.device): ([r.batch for r in self.rows], [r.samples_per_second for r in self.rows])}
+        return plots.line_chart(series, ax, title=self.title, xlabel="batch size (log scale)", ylabel="samples/s (log scale)", logx=True, logy=True)
+
+
+def batch_throughput(
+    model: torch.nn.Module,
+    input_shape: Sequence[int],
+    batch_sizes: Sequence[int] = (1, 4, 16, 64, 256),
+    device: str | torch.device | None = None,
+    min_run_time: float = 0.1,
+    num_threads: int | None = None,
+) -> BatchThroughput:
+    """Time one SGD training step of ``model`` at each batch size (inputs of ``input_shape`` per sample).
+
+    A batch's samples are independent until their gradients are summed, so a larger
+    batch hands the hardware more parallel work per step: samples/s rises until the
+    device is full, then flattens. ``num_threads``: CPU threads (default: all torch has).
+    """
+    device = pick_device(device)
+    model = model.to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    rows = []
+    for batch in batch_sizes:
+        x = torch.randn(batch, *input_shape, device=device)
+
+        def step():
+            optimizer.zero_grad()
+            model(x).float().sum().backward()
+            optimizer.step()
+
+        seconds = timeit(step, device=device, min_run_time=min_run_time, num_threads=num_threads).median
+        per_sample = seconds / batch
+        rows.append(BatchPoint(batch, seconds, batch / seconds, (rows[0].step_seconds / rows[0].batch) / per_sample if rows else 1.0))
+    return BatchThroughput(rows, device, type(model).__name__)

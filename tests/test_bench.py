@@ -138,3 +138,14 @@ def test_asking_for_cuda_without_a_gpu_never_raises(capsys):
     report = bench.transfer_sweep(sizes_mib=(1,), device="cuda", min_run_time=0.01)
     assert report.rows[0].pageable_gbs is None
     assert "No CUDA device here" in capsys.readouterr().out
+
+
+def test_batch_throughput_derives_samples_per_second_and_per_sample_speedup():
+    # one thread: on a busy machine a multi-threaded step can stall waiting for a descheduled thread
+    report = bench.batch_throughput(torch.nn.Linear(32, 8), (32,), batch_sizes=(1, 64), device="cpu", min_run_time=0.02, num_threads=1)
+    one, many = report.rows
+    assert many.samples_per_second == pytest.approx(64 / many.step_seconds)
+    assert one.speedup_per_sample == 1.0
+    assert many.speedup_per_sample == pytest.approx((one.step_seconds / 1) / (many.step_seconds / 64))
+    assert many.speedup_per_sample > 1  # a batch of 64 costs far less than 64 single steps
+    assert len(report.plot().get_lines()) == 1
