@@ -13,3 +13,12 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="session")
 def root() -> Path:
     return ROOT
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    """Reports draw with pyplot; close what a test opened so hundreds of figures do not pile up."""
+    yield
+    import matplotlib.pyplot as plt
+
+    plt.close("all")
