@@ -270,7 +270,7 @@ class AutogradeReport(Report):
 
 
 def invalid_notebooks(folder: Path) -> list[str]:
-    """'name: why' for every .ipynb in ``folder`` that nbformat cannot read as a notebook."""
+    """A sentence for every .ipynb in ``folder`` that nbformat cannot read as a valid notebook."""
     problems = []
     for path in sorted(folder.glob("*.ipynb")):
         try:
@@ -325,12 +325,10 @@ def record_failure_as_zero(course: Course, student_id: str, assignment_id: str) 
 def autograde_one(course: Course, student_id: str, assignment_id: str, released: set[str], roster: set[str], timeout: float, cell_timeout: int | None = None) -> Outcome:
     """Autograde one submission in a child process and say how it went; never raises for a bad submission."""
     folder = course.submitted / student_id / assignment_id
-    on_roster = student_id in roster
-    expected = [p.name for p in assignments.notebooks(course.source / assignment_id)]
-    found = sorted(p.name for p in folder.glob("*.ipynb"))
+    flag = "" if student_id in roster else "; not on the roster"
     if assignment_id not in released:
         reason = f"assignment {assignment_id!r} was never released (run `make release A={assignment_id}`; released: {', '.join(sorted(released)) or 'none'})"
-        return Outcome(student_id, assignment_id, "failed", 0.0, 0.0, 0.0, on_roster, reason)
+        return Outcome(student_id, assignment_id, "failed", 0.0, 0.0, 0.0, not flag, reason + flag)
     argv = ["autograde", assignment_id, "--student", student_id, "--force"]
     if cell_timeout:
         argv.append(f"--Execute.timeout={int(cell_timeout)}")
@@ -339,13 +337,16 @@ def autograde_one(course: Course, student_id: str, assignment_id: str, released:
         with course.gradebook() as gb:
             submission = gb.find_submission(assignment_id, student_id)
             score, max_score = float(submission.score), float(submission.max_score)
-        return Outcome(student_id, assignment_id, "graded", score, max_score, run.seconds, on_roster, graded_notes(course, student_id, assignment_id, run, on_roster))
+        notes = graded_notes(course, student_id, assignment_id, run, not flag)
+        return Outcome(student_id, assignment_id, "graded", score, max_score, run.seconds, not flag, notes)
+    expected = [p.name for p in assignments.notebooks(course.source / assignment_id)]
+    found = sorted(p.name for p in folder.glob("*.ipynb"))
     reason = failure_reason(run, invalid_notebooks(folder), expected, found)
     record_failure_as_zero(course, student_id, assignment_id)
     with course.gradebook() as gb:
         max_score = float(gb.find_assignment(assignment_id).max_score)
-    reason += f" (log: {run.log_path.relative_to(course.root)})"
-    return Outcome(student_id, assignment_id, "failed", 0.0, max_score, run.seconds, on_roster, reason + ("" if on_roster else "; not on the roster"))
+    reason += f" (log: {run.log_path.relative_to(course.root)}){flag}"
+    return Outcome(student_id, assignment_id, "failed", 0.0, max_score, run.seconds, not flag, reason)
 
 
 def autograde(course: Course, assignment_ids: Sequence[str] = (), student_ids: Sequence[str] = (), timeout: float = SUBMISSION_TIMEOUT_S, cell_timeout: int | None = None) -> AutogradeReport:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import csv
 import html
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,7 +44,8 @@ def test_assignment_follows_the_authoring_convention(assignment):
 
 @pytest.mark.parametrize("assignment, notebook", NOTEBOOKS)
 def test_source_notebook_passes_all_its_tests_under_papermill(assignment, notebook, tmp_path):
-    run = execute_notebook(SOURCE / assignment / notebook, tmp_path, html=False)
+    folder = shutil.copytree(SOURCE / assignment, tmp_path / assignment)  # run in a copy: nothing is written into the repository
+    run = execute_notebook(folder / notebook, tmp_path / "executed", html=False)
     if run.status != "ok":
         pytest.fail(f"{assignment}/{notebook} (with solutions) failed after {run.seconds:.0f} s:\n{run.error}", pytrace=False)
 
@@ -143,7 +145,7 @@ def test_task_1_alone_scores_exactly_task_1s_points(graded, assignment):
     expected = sum(assignments.task_points(nb).get(1, 0.0) for nb in source_notebooks(assignment).values())
     outcome = graded.outcome("carol", assignment)
     assert outcome["status"] == "graded", outcome["reason"]
-    assert 0 < expected < max_points(assignment)
+    assert expected > 0, "task 1 has no test points"
     assert float(outcome["score"]) == pytest.approx(expected), f"task 1 is worth {expected} points, carol got {outcome['score']}"
 
 

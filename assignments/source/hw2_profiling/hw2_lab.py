@@ -127,7 +127,7 @@ class TokenClassifier(nn.Module):
 
 def make_text_model(vocab: int, seed: int = 0) -> TokenClassifier:
     torch.manual_seed(seed)
-    return TokenClassifier(vocab)
+    return TokenClassifier(vocab, dim=64)
 
 
 def whole_dataset_padded_batches(data: SequenceData, batch_size: int = 32, seed: int = 0):
@@ -155,7 +155,7 @@ def train_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, batches, dev
     return positions
 
 
-def epoch_seconds(batchings: dict[str, Callable[[], Iterable]], vocab: int, rounds: int = 3, device=None) -> dict[str, float]:
+def epoch_seconds(batchings: dict[str, Callable[[], Iterable]], vocab: int, rounds: int = 2, device=None) -> dict[str, float]:
     """Seconds of one training epoch of a TokenClassifier over each batching: the fastest of ``rounds``, taken in turns.
 
     Taking turns and keeping each one's fastest run makes the comparison fair on a busy
