@@ -155,13 +155,14 @@ def train_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, batches, dev
     return positions
 
 
-def epoch_seconds(batchings: dict[str, Callable[[], Iterable]], vocab: int, rounds: int = 2, device=None) -> dict[str, float]:
+def epoch_seconds(batchings: dict[str, Callable[[], Iterable]], vocab: int, rounds: int = 2, device="cpu") -> dict[str, float]:
     """Seconds of one training epoch of a TokenClassifier over each batching: the fastest of ``rounds``, taken in turns.
 
     Taking turns and keeping each one's fastest run makes the comparison fair on a busy
-    machine (other programs can only slow a run down). One CPU thread, for steadier numbers.
+    machine (other programs can only slow a run down). On the CPU: one thread, for
+    steadier numbers.
     """
-    device = torch.device(device or "cpu")
+    device = torch.device(device)
     models = {name: make_text_model(vocab).to(device) for name in batchings}
     optimizers = {name: torch.optim.Adam(model.parameters(), lr=1e-3) for name, model in models.items()}
     best = {name: math.inf for name in batchings}
