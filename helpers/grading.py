@@ -468,13 +468,10 @@ class CourseGrades(Report):
         self.submissions = submissions  # assignment id -> ids of the students who submitted it
         self.means = {a: (sum(r.percents[a] for r in rows) / len(rows) if rows else 0.0) for a in assignment_ids}
 
-    def grade(self, student_id: str) -> StudentGrades:
-        return next(r for r in self.students if r.student_id == student_id)
-
     def summary(self) -> str:
         submitters = set().union(*self.submissions.values())
         off_roster = [r.student_id for r in self.students if not r.on_roster]
-        lines = [f"students: {len(self.students)} in the table, {len(submitters)} with at least one submission graded"]
+        lines = [f"students: {len(self.students)} in the table, {len(submitters)} with at least one submission"]
         if off_roster:
             lines.append(f"not on the roster (graded all the same): {', '.join(off_roster)}")
         lines.append("mean per assignment (over all students; missing or failed = 0):")
