@@ -7,8 +7,15 @@
 #   make setup           create .venv and install the kit (a second run takes seconds)
 #   make strip           remove outputs from stored notebooks before committing
 #   make clean           remove build artefacts (make distclean also removes .venv)
+#   make release         student versions of the assignments into assignments/release/ (A=<id>)
+#   make autograde       grade assignments/submitted/<student>/<assignment>/ (A=, S=, TIMEOUT=)
+#   make feedback        HTML feedback per student, hidden tests left out (A=, S=)
+#   make grades          assignments/grades.csv, course_grades.csv and a class summary
+#   make import          collect an LMS download into submitted/ (A=<id> ZIP=<file.zip>)
+#   make ddp-demo        data-parallel LeNet under torchrun on this machine (NPROC=2)
 #
-# Knobs: DEVICE=cpu|cuda (lectures), B=<name> and QUICK=1 (bench), PYTEST_ARGS=... (test).
+# Knobs: DEVICE=cpu|cuda (lectures), B=<name> and QUICK=1 (bench), PYTEST_ARGS=... (test),
+#        COURSE=<folder> (grading targets; default assignments).
 
 PYTHON ?= python3
 VENV := .venv
@@ -19,9 +26,10 @@ STAMP := $(VENV)/.installed
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 .PHONY: help setup lab lectures bench test strip clean distclean
+.PHONY: release autograde feedback grades import
 
 help:
-	@sed -n '2,13p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,17p' Makefile | sed 's/^# \{0,1\}//'
 
 setup: $(STAMP)
 
@@ -52,6 +60,25 @@ clean:
 
 distclean: clean
 	rm -rf $(VENV)
+
+# ---- grading (helpers/grading.py; assignments/README.md is the TA's guide)
+COURSE ?= assignments
+GRADING := $(PY) -m helpers.grading --course $(COURSE)
+
+release: setup
+	$(GRADING) release $(if $(A),-a $(A))
+
+autograde: setup
+	$(GRADING) autograde $(if $(A),-a $(A)) $(if $(S),-s $(S)) $(if $(TIMEOUT),--timeout $(TIMEOUT))
+
+feedback: setup
+	$(GRADING) feedback $(if $(A),-a $(A)) $(if $(S),-s $(S))
+
+grades: setup
+	$(GRADING) grades
+
+import: setup
+	$(GRADING) import $(ZIP) $(if $(A),-a $(A))
 
 # Data-parallel training of LeNet under torchrun on this machine (NPROC processes; DDP_ARGS=... passes options).
 NPROC ?= 2
