@@ -29,7 +29,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 .PHONY: release autograde feedback grades import
 
 help:
-	@sed -n '2,17p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,/^$$/p' Makefile | sed 's/^# \{0,1\}//'
 
 setup: $(STAMP)
 
