@@ -44,7 +44,8 @@ from .train import train, train_on_devices  # noqa: E402
 from .workingset import estimate_training_for  # noqa: E402
 from .precision import autocast_ops, dynamic_loss_scaling, loss_scaling, number_formats, tensor_core_alignment  # noqa: E402
 from .amp import amp_comparison, step_memory  # noqa: E402
-from .pipelines import BucketBatchSampler, pad_batch, padding_strategies, sequence_lengths, storage_formats, synthetic_images  # noqa: E402
+from .pipelines import BucketBatchSampler, pad_batch, padding_strategies, storage_formats, synthetic_images  # noqa: E402
+from .sequences import synthetic_sequences  # noqa: E402
 from .profiling import anomaly_demo, cprofile, py_spy, torch_profile  # noqa: E402
 from .patterns import diagnose, profile_patterns  # noqa: E402
 from .compiling import eager_vs_compiled  # noqa: E402
@@ -103,7 +104,7 @@ __all__ = [
     "padding_strategies",
     "profile_patterns",
     "py_spy",
-    "sequence_lengths",
+    "synthetic_sequences",
     "step_memory",
     "storage_formats",
     "synthetic_images",

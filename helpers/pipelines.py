@@ -18,12 +18,13 @@ import numpy as np
 import torch
 from PIL import Image
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset
+from torch.utils.data import DataLoader, Sampler, TensorDataset
 
 from . import plots
 from .bench import timeit
 from .device import pick_device, synchronize
 from .report import Column, Report, format_bytes, format_seconds
+from .sequences import PAD, SequenceData, pad_to
 
 # ---------------------------------------------------------------- images: storage formats and decoding
 
@@ -149,31 +150,7 @@ def storage_formats(images: np.ndarray, directory: str | Path, jpeg_quality: int
 
 
 # ---------------------------------------------------------------- sequences: padding and length bucketing
-
-PAD = 0
-
-
-def sequence_lengths(n: int, median: int = 40, spread: float = 0.7, min_len: int = 4, max_len: int = 256, seed: int = 0) -> list[int]:
-    """``n`` log-normal sequence lengths (most short, a long tail), clipped to [min_len, max_len]."""
-    rng = np.random.default_rng(seed)
-    return np.clip(rng.lognormal(math.log(median), spread, n), min_len, max_len).astype(int).tolist()
-
-
-class TokenSequences(Dataset):
-    """Random token sequences of the given lengths (ids 1..vocab-1; 0 is padding), each with a class label."""
-
-    def __init__(self, lengths: Sequence[int], vocab: int = 1000, classes: int = 4, seed: int = 0):
-        generator = torch.Generator().manual_seed(seed)
-        self.lengths = list(lengths)
-        self.sequences = [torch.randint(1, vocab, (n,), generator=generator) for n in self.lengths]
-        self.labels = torch.randint(0, classes, (len(self.lengths),), generator=generator)
-        self.vocab, self.classes = vocab, classes
-
-    def __len__(self) -> int:
-        return len(self.sequences)
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.sequences[index], self.labels[index]
+# The data (synthetic_sequences), PAD, pad_to and padding_share live in helpers.sequences, shared with Assignment 2.
 
 
 def pad_batch(batch: Sequence[tuple[torch.Tensor, torch.Tensor]], length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -182,15 +159,12 @@ def pad_batch(batch: Sequence[tuple[torch.Tensor, torch.Tensor]], length: int | 
     longest = max(len(s) for s in sequences)
     if length is not None and length < longest:
         raise ValueError(f"cannot pad to length {length}: the batch holds a sequence of length {longest}")
-    tokens = torch.full((len(sequences), length or longest), PAD, dtype=torch.long)
-    for row, sequence in zip(tokens, sequences):
-        row[: len(sequence)] = sequence
-    return tokens, torch.stack(labels)
+    return pad_to(sequences, length or longest), torch.stack(labels)
 
 
-def pad_whole_dataset(dataset: TokenSequences) -> TensorDataset:
+def pad_whole_dataset(data: SequenceData) -> TensorDataset:
     """The data set stored pre-padded: one N x max_len tensor, every sequence padded to the longest of all."""
-    tokens, labels = pad_batch([dataset[i] for i in range(len(dataset))])
+    tokens, labels = pad_batch([data[i] for i in range(len(data))])
     return TensorDataset(tokens, labels)
 
 
@@ -236,15 +210,10 @@ class BucketBatchSampler(Sampler[list[int]]):
         return full * self.pool_batches + last_pool
 
 
-def padding_share(tokens: torch.Tensor) -> float:
-    """Share of positions in a padded batch that are padding."""
-    return (tokens == PAD).float().mean().item()
-
-
 class SequenceClassifier(nn.Module):
     """Embedding, one Transformer encoder layer (padding masked out), mean over real tokens, linear head."""
 
-    def __init__(self, vocab: int = 1000, dim: int = 64, heads: int = 4, classes: int = 4):
+    def __init__(self, vocab: int = 1000, dim: int = 64, heads: int = 4, classes: int = 2):
         super().__init__()
         self.embed = nn.Embedding(vocab, dim, padding_idx=PAD)
         self.encoder = nn.TransformerEncoderLayer(dim, heads, 2 * dim, dropout=0.0, batch_first=True)
@@ -311,18 +280,18 @@ def _train_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, loader: Dat
     return batches, positions, padding, time.perf_counter() - start
 
 
-def padding_loaders(dataset: TokenSequences, batch_size: int, seed: int = 0) -> dict[str, DataLoader]:
-    """The three ways to batch ``dataset``: pre-padded whole, padded per batch, bucketed by length and padded per batch."""
+def padding_loaders(data: SequenceData, batch_size: int, seed: int = 0) -> dict[str, DataLoader]:
+    """The three ways to batch ``data``: pre-padded whole, padded per batch, bucketed by length and padded per batch."""
     shuffled = torch.Generator().manual_seed(seed)
     return {
-        "pad the whole data set": DataLoader(pad_whole_dataset(dataset), batch_size=batch_size, shuffle=True, generator=shuffled),
-        "pad each batch": DataLoader(dataset, batch_size=batch_size, shuffle=True, collate_fn=pad_batch, generator=shuffled),
-        "bucket by length, pad each batch": DataLoader(dataset, batch_sampler=BucketBatchSampler(dataset.lengths, batch_size, seed=seed), collate_fn=pad_batch),
+        "pad the whole data set": DataLoader(pad_whole_dataset(data), batch_size=batch_size, shuffle=True, generator=shuffled),
+        "pad each batch": DataLoader(data, batch_size=batch_size, shuffle=True, collate_fn=pad_batch, generator=shuffled),
+        "bucket by length, pad each batch": DataLoader(data, batch_sampler=BucketBatchSampler(data.lengths.tolist(), batch_size, seed=seed), collate_fn=pad_batch),
     }
 
 
 def padding_strategies(
-    lengths: Sequence[int],
+    data: SequenceData,
     batch_size: int = 32,
     device: str | torch.device | None = None,
     model_factory: Callable[[], nn.Module] | None = None,
@@ -337,10 +306,9 @@ def padding_strategies(
     the same function: they differ only in how many padded positions they pay for.
     """
     device = pick_device(device)
-    dataset = TokenSequences(lengths, seed=seed)
-    factory = model_factory or (lambda: SequenceClassifier(dataset.vocab, classes=dataset.classes))
+    factory = model_factory or (lambda: SequenceClassifier(data.vocab))
     runs = {}
-    for strategy, loader in padding_loaders(dataset, batch_size, seed).items():
+    for strategy, loader in padding_loaders(data, batch_size, seed).items():
         torch.manual_seed(seed)
         model = factory().to(device)
         warm = next(iter(loader))[0][:2].to(device)  # first call: allocation and library set-up, not counted
@@ -353,5 +321,5 @@ def padding_strategies(
             batches, positions, padding, seconds = _train_epoch(model, optimizer, loader, device)
             if strategy not in best or seconds < best[strategy].epoch_seconds:
                 best[strategy] = PaddingRun(strategy, batches, positions, padding / positions, seconds)
-    notes = [f"device {device}, batch size {batch_size}, longest sequence {max(lengths)}; fastest of {rounds} epochs per strategy"]
-    return PaddingStrategies(list(best.values()), sum(lengths), notes)
+    notes = [f"device {device}, batch size {batch_size}, longest sequence {int(data.lengths.max())}; fastest of {rounds} epochs per strategy"]
+    return PaddingStrategies(list(best.values()), int(data.lengths.sum()), notes)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from helpers import pipelines
+from helpers.sequences import PAD, synthetic_sequences
 
 
 def test_synthetic_images_are_deterministic_uint8_rgb():
@@ -38,15 +39,9 @@ def test_pad_batch_pads_to_the_longest_or_to_a_given_length():
     tokens, labels = pipelines.pad_batch(batch)
     assert tokens.tolist() == [[5, 6, 7], [8, 0, 0]] and labels.tolist() == [1, 0]
     assert pipelines.pad_batch(batch, length=5)[0].shape == (2, 5)
-    assert pipelines.padding_share(tokens) == pytest.approx(2 / 6)
+    assert (tokens == PAD).float().mean().item() == pytest.approx(2 / 6)
     with pytest.raises(ValueError, match="length 3"):
         pipelines.pad_batch(batch, length=2)
-
-
-def test_sequence_lengths_have_a_long_tail_within_bounds():
-    lengths = pipelines.sequence_lengths(2000, median=40, max_len=256)
-    assert min(lengths) >= 4 and max(lengths) <= 256
-    assert np.median(lengths) == pytest.approx(40, rel=0.15) and np.mean(lengths) > np.median(lengths)
 
 
 @pytest.mark.parametrize("size, batch, pool", [(100, 8, 3), (64, 8, 2), (7, 3, 50), (1, 4, 1)])
@@ -77,15 +72,13 @@ def test_bucket_sampler_shuffles_differently_each_epoch_and_rejects_bad_sizes():
 
 
 def test_bucketing_cuts_padding_compared_with_random_batches():
-    lengths = pipelines.sequence_lengths(1024)
-    dataset = pipelines.TokenSequences(lengths)
-    loaders = pipelines.padding_loaders(dataset, batch_size=32)
+    loaders = pipelines.padding_loaders(synthetic_sequences(1024), batch_size=32)
 
     def share(loader):
         padded = real = 0
         for tokens, _ in loader:
             padded += tokens.numel()
-            real += int((tokens != pipelines.PAD).sum())
+            real += int((tokens != PAD).sum())
         return 1 - real / padded
 
     whole, per_batch, bucketed = (share(loader) for loader in loaders.values())
@@ -103,8 +96,9 @@ def test_sequence_classifier_ignores_padding():
 
 
 def test_padding_strategies_compute_fewer_positions_with_bucketing():
-    lengths = pipelines.sequence_lengths(32, median=10, max_len=40)
-    report = pipelines.padding_strategies(lengths, batch_size=8, model_factory=lambda: pipelines.SequenceClassifier(dim=16, heads=2))
+    data = synthetic_sequences(32, median_length=10, max_length=40)
+    lengths = data.lengths.tolist()
+    report = pipelines.padding_strategies(data, batch_size=8, model_factory=lambda: pipelines.SequenceClassifier(dim=16, heads=2))
     whole, per_batch, bucketed = report.rows
     assert whole.tokens == len(lengths) * max(lengths)
     assert whole.tokens > per_batch.tokens > bucketed.tokens >= sum(lengths)
