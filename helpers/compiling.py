@@ -3,17 +3,16 @@ with TorchScript as the fallback where torch.compile cannot run (no C++ compiler
 """
 from __future__ import annotations
 
-import contextlib
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable
 
 import torch
 
 from . import plots
 from .bench import timeit
-from .device import pick_device, synchronize
+from .device import cpu_threads, pick_device, synchronize
 from .report import Column, Report, format_seconds
 
 
@@ -123,15 +122,3 @@ def eager_vs_compiled(
     if threads and device.type == "cpu":
         program += f", on {threads} CPU thread{'s' if threads > 1 else ''}"
     return CompiledComparison([eager, fast], program, reason)
-
-
-@contextlib.contextmanager
-def cpu_threads(threads: int | None) -> Iterator[None]:
-    """Within the block, torch uses ``threads`` CPU threads (None: leave the setting alone)."""
-    previous = torch.get_num_threads()
-    if threads:
-        torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)

@@ -20,6 +20,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from . import plots
+from .device import cpu_threads
 from .launch import available_cores, worker_context
 from .report import Column, Report, format_bytes, format_seconds
 
@@ -139,10 +140,9 @@ def gil_demo(tasks: int | None = None, python_iterations: int = 3_000_000, matri
     """Run ``tasks`` equal tasks (default: one per core) three ways, for Python work and for torch work."""
     tasks = tasks or max(2, available_cores())
     workloads = {"pure Python": (python_work, (python_iterations,)), "torch matmul (1 thread each)": (torch_work, (matrix, matmuls))}
-    threads_before = torch.get_num_threads()
     rows = []
-    try:
-        torch.set_num_threads(1)  # torch work in threads of this process: one intra-op thread each, as in the processes
+    # torch work in threads of this process: one intra-op thread each, as in the processes
+    with cpu_threads(1):
         with ThreadPoolExecutor(tasks) as threads, ProcessPoolExecutor(tasks, mp_context=worker_context()) as processes:
             list(processes.map(_nothing_arg, range(tasks)))  # start the processes before timing
             for name, (fn, args) in workloads.items():
@@ -151,8 +151,6 @@ def gil_demo(tasks: int | None = None, python_iterations: int = 3_000_000, matri
                 for method, seconds in (("serial (one thread)", serial), (f"{tasks} threads", _run_pool(threads, fn, args, tasks)),
                                         (f"{tasks} processes", _run_pool(processes, fn, args, tasks))):
                     rows.append(GilRun(name, method, tasks, seconds, serial / seconds))
-    finally:
-        torch.set_num_threads(threads_before)
     return GilDemo(rows, [f"{available_cores()} CPU cores here; the ideal speedup with {tasks} tasks is {min(tasks, available_cores())}x."])
 
 

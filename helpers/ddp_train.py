@@ -20,7 +20,6 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist

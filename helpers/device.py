@@ -6,10 +6,12 @@ laptop and on a GPU box.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Iterator
 
 import psutil
 import torch
@@ -67,6 +69,18 @@ def synchronize(device: str | torch.device | None = None) -> None:
         torch.cuda.synchronize(device)
     elif device.type == "mps":
         torch.mps.synchronize()
+
+
+@contextlib.contextmanager
+def cpu_threads(threads: int | None) -> Iterator[None]:
+    """Within the block, torch uses ``threads`` CPU threads (None: leave the setting alone)."""
+    previous = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 def is_gpu(device: str | torch.device) -> bool:

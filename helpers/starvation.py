@@ -6,7 +6,6 @@ delay) with num_workers = 0, 1, 2, ... and, on a GPU, pin_memory off and on.
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import os
 import time
@@ -22,7 +21,7 @@ from tqdm.auto import tqdm
 
 from . import plots
 from .data import EncodedDigits, make_encoded_MNIST, make_loader
-from .device import gpu_notice, is_gpu, pick_device
+from .device import cpu_threads, gpu_notice, is_gpu, pick_device
 from .models import LeNet
 from .report import Column, Report, format_seconds
 from .train import _percent, train
@@ -140,22 +139,12 @@ def starvation_sweep(
         raise ValueError(f"the data set has {len(dataset)} samples, fewer than one batch of {batch_size}: pass more data or a smaller batch_size.")
     cpu_ms = dataset.cpu_ms_per_sample()
     settings = [(w, pin) for pin in pin_memory for w in workers]
-    with _torch_threads(threads), warnings.catch_warnings():
+    with cpu_threads(threads), warnings.catch_warnings():
         # torch warns when workers outnumber cores; workers that wait on storage use no CPU, so here that is the point.
         warnings.filterwarnings("ignore", message="This DataLoader will create")
         rows = _measure(dataset, settings, model_fn(), batch_size, steps, device, progress)
     notes = _explain(dataset, cpu_ms, batch_size, median(p.computing_s / p.steps for p in rows), device, threads)
     return StarvationSweep(rows, notes, device=device, batch_size=batch_size, latency_ms=dataset.latency_ms, cpu_ms_per_sample=cpu_ms)
-
-
-@contextlib.contextmanager
-def _torch_threads(threads: int):
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
 
 
 def warmup_batches(num_workers: int) -> int:

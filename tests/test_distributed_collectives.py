@@ -1,7 +1,6 @@
 """Hand-written collectives on real gloo groups, the traffic they cause, and the cost formulas they follow."""
 from __future__ import annotations
 
-import math
 import sys
 
 import cloudpickle
