@@ -28,7 +28,7 @@ def run(quick: bool) -> BenchResult:
     torch.manual_seed(0)
     mlp = nn.Sequential(*[layer for _ in range(4) for layer in (nn.Linear(width, width), nn.GELU())], nn.Linear(width, 10))
     amp = amp_comparison(mlp, torch.randn(batch, width), min_run_time=0.05 if quick else 0.5)
-    padding = padding_strategies(synthetic_sequences(64 if quick else 512, max_length=64 if quick else 256), rounds=1 if quick else 2)
+    padding = padding_strategies(synthetic_sequences(128 if quick else 512, max_length=64 if quick else 256), rounds=1 if quick else 2)
     with tempfile.TemporaryDirectory() as folder:
         storage = storage_formats(synthetic_images(16 if quick else 256, 64 if quick else 256), folder, min_run_time=0.02 if quick else 0.3)
     compiled = None if quick else eager_vs_compiled(tiny_mlp(), torch.randn(32, 32), program="narrow MLP (launch bound)", threads=1)
