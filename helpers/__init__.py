@@ -41,6 +41,12 @@ from .starvation import starvation_sweep  # noqa: E402
 from .systolic import compare_dataflows, systolic_matmul  # noqa: E402
 from .train import train, train_on_devices  # noqa: E402
 from .workingset import estimate_training_for  # noqa: E402
+from .memsave import accumulation_memory, checkpointing_memory, precision_memory  # noqa: E402
+from .offload import offload_memory  # noqa: E402
+from .zero import zero_check, zero_memory  # noqa: E402
+from .pipeline import pipeline_experiment, pipeline_schedule  # noqa: E402
+from .tensor_parallel import tensor_parallel_check  # noqa: E402
+from .alexnet_parallel import alexnet_model_parallel  # noqa: E402
 
 __all__ = [
     "BasicFCModel",
@@ -80,4 +86,14 @@ __all__ = [
     "systolic_matmul",
     "train",
     "train_on_devices",
+    "accumulation_memory",
+    "checkpointing_memory",
+    "precision_memory",
+    "offload_memory",
+    "zero_check",
+    "zero_memory",
+    "pipeline_experiment",
+    "pipeline_schedule",
+    "tensor_parallel_check",
+    "alexnet_model_parallel",
 ]
