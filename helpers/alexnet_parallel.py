@@ -119,7 +119,10 @@ def alexnet_model_parallel(batch: int = 2, num_classes: int = 1000, device: str 
         same = all(_close(g, reference[n]) for n, g in r["grads"].items())
         rows.append(TowerRow("process (gloo)", rank, r["tower_bytes"], r["tower_bytes"] / whole_bytes,
                              (r["logits"] - expected.detach()).abs().max().item(), same, r["forward"], r["backward"]))
-    rows += _on_two_gpus(whole, x, expected.detach(), pick_device(device))
+    if torch.cuda.device_count() >= 2:
+        rows += towers_on_two_devices(whole, x, ("cuda:0", "cuda:1"))
+    elif gpu_notice("the towers on two GPUs", pick_device(device)) is None:
+        print(f"One GPU here ({torch.cuda.get_device_name()}): the towers on two GPUs need two, so only the processes ran.")
     notes = [f"Whole network: {format_bytes(whole_bytes)} of weights; each tower holds half of every layer, and with it half of "
              "the layer's gradients, momentum and (mostly) activations: what let each of the paper's cards hold its share.",
              f"Activations exchanged per step and rank: {format_bytes(per_rank[0]['exchanged'])} (full messages, forward and backward) "
@@ -128,15 +131,12 @@ def alexnet_model_parallel(batch: int = 2, num_classes: int = 1000, device: str 
     return AlexNetParallel(rows, notes, batch)
 
 
-def _on_two_gpus(whole: AlexNet2012, x: torch.Tensor, expected: torch.Tensor, device: torch.device) -> list[TowerRow]:
-    """Both towers in this process on cuda:0 and cuda:1 (``place``), as in the paper, when there are two GPUs."""
-    if torch.cuda.device_count() < 2:
-        if gpu_notice("the towers on two GPUs", device) is None:
-            print(f"One GPU here ({torch.cuda.get_device_name(device)}); the towers on two GPUs need two, so only the processes ran.")
-        return []
-    split = alexnet_2012(split=True, num_classes=whole.classifier.fc8.out_features).load_from(whole).place("cuda:0", "cuda:1").eval()
+def towers_on_two_devices(whole: AlexNet2012, x: torch.Tensor, devices: tuple[str, str]) -> list[TowerRow]:
+    """Both towers in this process, one per device (``place``), as in the paper's two GPUs: output against the whole network."""
+    split = alexnet_2012(split=True, num_classes=whole.classifier.fc8.out_features).load_from(whole).place(*devices).eval()
     with torch.no_grad():
-        logits = split(x.to("cuda:0")).cpu()
-    return [TowerRow(f"cuda:{i}", i, _bytes(t.parameters()), _bytes(t.parameters()) / _bytes(whole.parameters()),
-                     (logits - expected).abs().max().item(), None, "copies between the GPUs", "n/a (forward only)")
-            for i, t in enumerate(split.towers)]
+        logits = split(x.to(devices[0])).cpu()
+        expected = whole(x)
+    whole_bytes = _bytes(whole.parameters())
+    return [TowerRow(device, i, _bytes(t.parameters()), _bytes(t.parameters()) / whole_bytes, (logits - expected).abs().max().item(),
+                     None, "copies between the devices", "n/a (forward only)") for i, (device, t) in enumerate(zip(devices, split.towers))]

@@ -2,15 +2,16 @@
 
 Each technique is compared with plain training on the same model through ``training_memory``
 (one training step on fake tensors, by category), with a real step beside it where that is
-cheap: its memory under MemTracker (``measure_training_memory``), its time (``helpers.bench.timeit``),
-and, for accumulation, a check that the gradients equal those of one big batch.
+cheap: its memory under MemTracker (``measure_training_memory``), its time (``time_interleaved``: the
+fastest of interleaved rounds), and, for accumulation, a check that the gradients equal those of one big batch.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
-import statistics
+import textwrap
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -76,7 +77,9 @@ OPTIONAL_COLUMNS = (
     Column("seconds", "time per update", format_seconds),
     Column("same_gradients", "same gradients as one batch"),
 )
-PARTS = ("parameters", "gradients", "optimizer_state", "activations", "other")
+# the categories at the peak: field -> its name in charts (which picks its colour in helpers.plots)
+PARTS = {"parameters": "parameters", "gradients": "gradients", "optimizer_state": "optimizer state", "activations": "activations",
+         "other": "temporaries and input"}
 
 
 class MemoryComparison(Report):
@@ -85,8 +88,11 @@ class MemoryComparison(Report):
     def __init__(self, rows: list[SetupMemory], title: str, notes: Sequence[str] = ()):
         self.title = title
         present = [c for c in OPTIONAL_COLUMNS if any(getattr(r, c.key) is not None for r in rows)]
-        self.columns = (Column("setup", "setup"), *(Column(p, p.replace("_", " "), format_bytes) for p in PARTS),
+        self.columns = (Column("setup", "setup"), *(Column(p, name, format_bytes) for p, name in PARTS.items()),
                         Column("peak", "peak (estimate)", format_bytes), *present)
+        if any(r.seconds is not None for r in rows):
+            notes = [*notes, "Time per update: one real optimizer update, the fastest of interleaved rounds on one CPU thread "
+                             "(time_interleaved; on a GPU, the GPU's time)."]
         super().__init__(rows, notes)
 
     def row(self, prefix: str) -> SetupMemory:
@@ -98,17 +104,14 @@ class MemoryComparison(Report):
 
     def plot(self, ax=None):
         """Each setup's memory at its peak, stacked by category; a real step's peak as a marker where measured."""
-        names = [r.setup for r in self.rows]
-        parts = {("optimizer state" if p == "optimizer_state" else "temporaries" if p == "other" else p):
-                 [getattr(r, p) for r in self.rows] for p in PARTS}
+        names = [textwrap.fill(r.setup, 16) for r in self.rows]
+        parts = {name: [getattr(r, p) for r in self.rows] for p, name in PARTS.items()}
         ax = plots.stacked_bars(names, parts, ax, title=self.title, ylabel="memory at the peak")
         measured = [(i, r.measured_peak) for i, r in enumerate(self.rows) if r.measured_peak is not None]
         if measured:
-            ax.plot([i for i, _ in measured], [m for _, m in measured], "kD", label="real step (MemTracker)")
-            ax.legend()
+            ax.plot([i for i, _ in measured], [m for _, m in measured], "kD", label="peak of a real step")
+        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
         plots.bytes_axis(ax)
-        if len(names) > 3:
-            ax.tick_params(axis="x", labelrotation=20)
         return ax
 
 
@@ -161,20 +164,46 @@ def _on_device(example: ExampleInput, device: torch.device) -> ExampleInput:
     return moved[0] if isinstance(example, torch.Tensor) else type(example)(moved)
 
 
-def time_interleaved(functions: Mapping[str, Callable[[], object]], device: torch.device | str | None = None, rounds: int = 5) -> dict[str, float]:
-    """Median seconds of one call of each function, timed in interleaved rounds after a warm-up call each.
+def time_interleaved(functions: Mapping[str, Callable[[], object]], device: torch.device | str | None = None, rounds: int = 3,
+                     cpu_threads: int | None = 1) -> dict[str, float]:
+    """Seconds of one call of each function: the fastest of ``rounds`` interleaved rounds, after a warm-up call each.
 
     Interleaving makes a passing disturbance of the machine (another process, a frequency
-    change) hit every function alike instead of spoiling one of them.
+    change) hit every function alike, and other work on the machine only ever adds time, so
+    the fastest round is the closest to the function's own cost. Work on the CPU runs on
+    ``cpu_threads`` threads (None: torch's setting): the comparisons are relative, and a
+    multi-threaded step on a machine shared with other work can stall for far longer than
+    one thread (every thread waits for the slowest at each operator).
     """
-    for fn in functions.values():
-        fn()
-    times: dict[str, list[float]] = {name: [] for name in functions}
-    for _ in range(rounds):
-        for name, fn in functions.items():
-            synchronize(device)
-            times[name].append(time_once(fn, sync=torch.device(device) if device is not None else None))
+    device = torch.device(device) if device is not None else None
+    with threads_for_cpu(cpu_threads):
+        for fn in functions.values():
+            fn()
+        times: dict[str, list[float]] = {name: [] for name in functions}
+        for _ in range(rounds):
+            for name, fn in functions.items():
+                synchronize(device)
+                times[name].append(time_once(fn, sync=device))
     return {name: min(values) for name, values in times.items()}
+
+
+@contextlib.contextmanager
+def threads_for_cpu(threads: int | None) -> Iterator[None]:
+    """Within the block, torch runs CPU operators on ``threads`` threads (None: as it was); restored afterwards."""
+    saved = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
+
+
+def real_step_peak(model: nn.Module, example: ExampleInput, optimizer: OptimizerChoice, **settings) -> int:
+    """The tensor peak of one real training step under MemTracker (``measure_training_memory``), run on one CPU thread:
+    tensor memory does not depend on the thread count, and one thread is not stalled by other work on the machine."""
+    with threads_for_cpu(1):
+        return measure_training_memory(model, example, optimizer, loss_fn=mean_square_loss, **settings).peak_bytes
 
 
 def _update_times(setups: Mapping, example: ExampleInput, optimizer: OptimizerChoice, rounds: int) -> dict:
@@ -229,12 +258,12 @@ def checkpointed(model: nn.Module, every: int = 1, blocks: str = "blocks") -> nn
 
 
 def checkpointing_memory(model: nn.Module | None = None, batch_size: int = 8, every: Sequence[int] = (1, 2), optimizer: OptimizerChoice = "adam",
-                         measure: bool = True, rounds: int = 5) -> MemoryComparison:
+                         measure: bool = True, rounds: int = 3) -> MemoryComparison:
     """Memory and time of a training step without checkpointing and with its blocks checkpointed in groups of ``every``.
 
     Memory from ``training_memory``; with ``measure``, a real step's peak beside it; with
-    ``rounds`` > 0, each setup's update time (median of interleaved rounds), so the
-    recompute cost shows as extra time.
+    ``rounds`` > 0, each setup's update time (``time_interleaved``), so the recompute cost
+    shows as extra time.
     """
     model = model if model is not None else demo_transformer()
     example = example_batch(model, batch_size)
@@ -243,7 +272,7 @@ def checkpointing_memory(model: nn.Module | None = None, batch_size: int = 8, ev
     rows = []
     for name, variant in setups.items():
         report = training_memory(variant, example, optimizer, loss_fn=mean_square_loss)
-        measured = measure_training_memory(variant, example, optimizer, loss_fn=mean_square_loss).peak_bytes if measure else None
+        measured = real_step_peak(variant, example, optimizer) if measure else None
         rows.append(SetupMemory.from_report(name, report, measured_peak=measured, seconds=seconds.get(name)))
     base = rows[0]
     notes = [f"{type(model).__name__}, {len(getattr(model, 'blocks', []))} blocks, batch {batch_size}, {optimizer}; "
@@ -284,7 +313,7 @@ def gradients_after(model: nn.Module, example: ExampleInput, micro_batches: int,
 
 
 def accumulation_memory(model: nn.Module | None = None, batch_size: int = 16, micro_batch_sizes: Sequence[int] = (16, 8, 4, 2),
-                        optimizer: OptimizerChoice = "adam", check: bool = True, rounds: int = 5) -> MemoryComparison:
+                        optimizer: OptimizerChoice = "adam", check: bool = True, rounds: int = 3) -> MemoryComparison:
     """One update on a batch of ``batch_size``, accumulated over micro-batches of each size: memory, time, same gradients.
 
     Memory is one micro-batch's step with the accumulated gradients live (``keeping_gradients``);
@@ -292,21 +321,23 @@ def accumulation_memory(model: nn.Module | None = None, batch_size: int = 16, mi
     """
     model = model if model is not None else demo_transformer()
     example = example_batch(model, batch_size)
-    reference = gradients_after(model, example, 1) if check else None
     bad = [m for m in micro_batch_sizes if m < 1 or batch_size % m]
     if bad:
         raise ValueError(f"micro-batch sizes {bad} do not divide the batch of {batch_size}; use divisors of it")
+    same = {}
+    if check:
+        with threads_for_cpu(1):
+            reference = gradients_after(model, example, 1)
+            for micro in micro_batch_sizes:
+                grads = gradients_after(model, example, batch_size // micro)
+                same[micro] = all(torch.allclose(g, r, rtol=1e-4, atol=1e-6) for g, r in zip(grads, reference))
     seconds = _update_times({m: dict(model=model, micro_batches=batch_size // m) for m in micro_batch_sizes}, example, optimizer, rounds)
     rows = []
     for micro in micro_batch_sizes:
         k = batch_size // micro
         report = training_memory(model, with_batch(example, micro), optimizer if k == 1 else keeping_gradients(optimizer), loss_fn=mean_square_loss)
-        same = None
-        if check:
-            grads = gradients_after(model, example, k)
-            same = all(torch.allclose(g, r, rtol=1e-4, atol=1e-6) for g, r in zip(grads, reference))
         name = "one batch" if k == 1 else f"{k} micro-batches"
-        rows.append(SetupMemory.from_report(name, report, seconds=seconds.get(micro), micro_batch=micro, same_gradients=same))
+        rows.append(SetupMemory.from_report(name, report, seconds=seconds.get(micro), micro_batch=micro, same_gradients=same.get(micro)))
     smallest = rows[-1]
     notes = [f"{type(model).__name__}, effective batch {batch_size}, {optimizer}; each micro-batch's loss is divided by the number of "
              "micro-batches, so the summed gradients are those of the batch's mean loss.",
@@ -341,15 +372,16 @@ def precision_memory(model: nn.Module | None = None, batch_size: int = 8, optimi
         report = training_memory(model, example, loss_fn=mean_square_loss, **settings)
         measured = None
         if measure and "dtype" not in settings:
-            measured = measure_training_memory(model, example, settings["optimizer"], loss_fn=mean_square_loss, amp=settings.get("amp", False)).peak_bytes
+            measured = real_step_peak(model, example, settings["optimizer"], amp=settings.get("amp", False))
         rows.append(SetupMemory.from_report(setup, report, measured_peak=measured))
-    fp32, amp = rows[0], rows[1]
+    fp32, amp, master = rows[0], rows[1], rows[2]
     notes = [
-        f"Autocast keeps fp32 weights, gradients and optimizer state ({format_bytes(amp.parameters + amp.gradients + amp.optimizer_state)} "
-        f"here as in fp32) and runs matmuls in {name}: activations at the peak {format_bytes(amp.activations)} against "
-        f"{format_bytes(fp32.activations)} in fp32 (the {name} copies of the weights it makes count as activations).",
-        f"Half weights with an fp32 master copy is the other 16-bytes-per-parameter layout; all-{name} training saves the most "
-        "but updates lose small steps to rounding, which is why the master copy exists.",
+        f"Autocast keeps the fp32 weights and optimizer state ({format_bytes(amp.parameters + amp.optimizer_state)} at the peak, as in "
+        f"fp32) and runs matmuls in {name}: activations at the peak {format_bytes(amp.activations)} against {format_bytes(fp32.activations)} "
+        f"in fp32 (the {name} copies of the weights it makes count as activations).",
+        f"{name} weights with an fp32 master copy: the weights halve, but the master copy joins Adam's moments as optimizer state "
+        f"({format_bytes(master.optimizer_state)} against {format_bytes(fp32.optimizer_state)}). All-{name} training saves the most, "
+        "but its updates lose small steps to rounding, which is why the master copy exists.",
     ]
     return MemoryComparison(rows, f"Mixed precision: where the memory goes (batch {batch_size})", notes)
 

@@ -8,6 +8,7 @@ bandwidth, and real update times.
 """
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass
 
 import torch
@@ -96,7 +97,7 @@ class Offload(Report):
         super().__init__(rows, notes)
 
     def plot(self, ax=None):
-        names = [r.setup for r in self.rows]
+        names = [textwrap.fill(r.setup, 22) for r in self.rows]
         ax = plots.grouped_bars(names, {"device": [r.device_peak for r in self.rows], "host": [r.host_bytes for r in self.rows]}, ax,
                                 title="Peak memory per device, with and without offloading", ylabel="memory at the peak")
         plots.bytes_axis(ax)
@@ -112,7 +113,7 @@ def _copy_bandwidth_gbs(device: torch.device, size_bytes: int) -> tuple[float, s
     return point.host_copy_gbs, "host-to-host memory copy, measured on this CPU (no GPU: no PCIe link to measure)"
 
 
-def offload_memory(model: nn.Module | None = None, batch_size: int = 2, rounds: int = 5) -> Offload:
+def offload_memory(model: nn.Module | None = None, batch_size: int = 2, rounds: int = 3) -> Offload:
     """Adam on the device against Adam offloaded to the host: device and host memory, copy time, update time.
 
     The model runs where it is (a GPU when the notebook put it there). Rows: fp32 with Adam on

@@ -256,9 +256,13 @@ class PipelineRun(Report):
     def plot(self, ax=None):
         """The bubble against m: measured, and the formula."""
         ms = [r.micro_batches for r in self.rows]
-        return plots.measured_and_model({"bubble": (ms, [r.measured_bubble for r in self.rows])},
-                                        {"bubble": (ms, [r.formula_bubble for r in self.rows])}, ax,
-                                        title=f"Pipeline bubble, p = {self.stages} stages", xlabel="micro-batches m", ylabel="idle share of the stages")
+        formula, replayed = "(p - 1) / (m + p - 1)", "replayed from measured op times"
+        ax = plots.line_chart({"measured": (ms, [r.measured_bubble for r in self.rows]), formula: (ms, [r.formula_bubble for r in self.rows]),
+                               replayed: (ms, [r.expected_bubble for r in self.rows])}, ax, styles={formula: "--", replayed: ":"},
+                              title=f"Pipeline bubble, p = {self.stages} stages", xlabel="micro-batches m (log scale)",
+                              ylabel="idle share of the stages", logx=True)
+        ax.set_ylim(bottom=0)
+        return ax
 
     def plot_timeline(self, micro_batches: int | None = None, ax=None):
         """Each stage's forwards and backwards on the measured clock (milliseconds)."""

@@ -135,11 +135,8 @@ class _ScatterToParallel(torch.autograd.Function):
         return _all_gather(grad, ctx.dim, "backward"), None
 
 
-class _Exchange(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, dim):
-        ctx.dim = dim
-        return _all_gather(x, dim, "forward")
+class _Exchange(_GatherFromParallel):
+    """The same all-gather forward; backward sums, over the ranks, the gradients for this rank's slice."""
 
     @staticmethod
     def backward(ctx, grad):

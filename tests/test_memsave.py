@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import matplotlib
+import matplotlib.pyplot as plt
 import pytest
 import torch
 from torch import nn
@@ -21,7 +22,6 @@ from helpers.memsave import (
 )
 
 matplotlib.use("Agg")
-
 
 @pytest.fixture(scope="module")
 def model():
@@ -52,7 +52,7 @@ def test_checkpointing_trades_activation_memory_and_the_estimate_matches_a_real_
         assert r.measured_peak == pytest.approx(r.peak, rel=0.02)
         assert r.seconds > 0
     assert "recomputed forward" in str(report)
-    report.plot()
+    plt.close(report.plot().figure)
 
 
 def test_accumulated_gradients_equal_the_big_batch_and_memory_falls_with_the_micro_batch(model):

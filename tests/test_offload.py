@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import matplotlib
+import matplotlib.pyplot as plt
 import pytest
 import torch
 from torch import nn
@@ -10,7 +11,6 @@ from helpers.memsave import demo_transformer
 from helpers.offload import OffloadedAdam, offload_memory
 
 matplotlib.use("Agg")
-
 
 def test_offloaded_adam_takes_the_same_steps_as_torch_adam():
     torch.manual_seed(0)
@@ -39,4 +39,4 @@ def test_offloading_frees_the_optimizer_state_on_the_device_and_copies_the_param
     assert offloaded.copied_per_step == 2 * 4 * params and half.copied_per_step == 2 * 2 * params
     assert offloaded.transfer_seconds == pytest.approx(offloaded.copied_per_step / (report.bandwidth_gbs * 1e9))
     assert plain.update_seconds > 0 and offloaded.update_seconds > 0 and half.update_seconds is None
-    report.plot()
+    plt.close(report.plot().figure)

@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import matplotlib
+import matplotlib.pyplot as plt
 import pytest
 
 from helpers.pipeline import bubble_fraction, ideal_timeline, measured_bubble, pipeline_experiment, pipeline_schedule, stage_order
 
 matplotlib.use("Agg")
-
 
 def test_stage_orders():
     assert stage_order(0, 2, 3) == [("F", 0), ("F", 1), ("F", 2), ("B", 2), ("B", 1), ("B", 0)]
@@ -29,7 +29,7 @@ def test_unequal_stages_idle_more_than_the_formula_and_1f1b_holds_fewer_activati
     gpipe, one_f = pipeline_schedule(4, 8), pipeline_schedule(4, 8, "1f1b")
     assert [r["held"] for r in gpipe.rows] == [8] * 4 and [r["held"] for r in one_f.rows] == [4, 3, 2, 1]
     assert gpipe.bubble == pytest.approx(one_f.bubble) == pytest.approx(gpipe.formula)
-    gpipe.plot()
+    plt.close(gpipe.plot().figure)
 
 
 def test_a_real_pipeline_gives_the_unsplit_gradients_and_its_bubble_is_measured():
@@ -39,8 +39,8 @@ def test_a_real_pipeline_gives_the_unsplit_gradients_and_its_bubble_is_measured(
     assert one.measured_bubble >= 0.5 - 0.01  # one micro-batch: the two stages can never overlap
     assert 0 < four.measured_bubble < 1 and four.expected_bubble >= four.formula_bubble - 1e-9
     assert four.bytes_per_boundary == 2 * 32 * 64 * 4 and four.held == 4
-    run.plot()
-    run.plot_timeline(4)
+    plt.close(run.plot().figure)
+    plt.close(run.plot_timeline(4).figure)
 
 
 def test_a_1f1b_pipeline_on_three_processes():

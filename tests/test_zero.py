@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import matplotlib
+import matplotlib.pyplot as plt
 import pytest
 
 from helpers import bytes_per_param
 from helpers.zero import Layout, formula, per_worker, zero_check, zero_memory
 
 matplotlib.use("Agg")
-
 
 def test_each_stage_splits_one_more_part_of_the_training_state():
     mixed = Layout.mixed_precision_adam()
@@ -28,7 +28,7 @@ def test_layout_from_a_bytes_per_param_row_counts_the_master_copy_as_optimizer_s
     report = zero_memory(workers=(1, 8), layout=row, params=1000, model_name="toy")
     assert report.bytes_per_param(3, 8) == 2 and report.bytes_per_param(0, 8) == 16
     assert report.rows[3]["model"] == 2000
-    report.plot()
+    plt.close(report.plot().figure)
 
 
 def test_zero_on_real_workers_holds_what_the_formula_says_and_trains_like_ddp():
