@@ -44,7 +44,7 @@ from .workingset import estimate_training_for  # noqa: E402
 from .memsave import accumulation_memory, checkpointing_memory, precision_memory  # noqa: E402
 from .offload import offload_memory  # noqa: E402
 from .zero import zero_check, zero_memory  # noqa: E402
-from .pipeline import pipeline_experiment, pipeline_schedule  # noqa: E402
+from .pipeline_parallel import pipeline_experiment, pipeline_schedule  # noqa: E402
 from .tensor_parallel import tensor_parallel_check  # noqa: E402
 from .alexnet_parallel import alexnet_model_parallel  # noqa: E402
 

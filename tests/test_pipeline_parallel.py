@@ -1,11 +1,11 @@
-"""helpers.pipeline: schedules and their bubble, derived and measured on real processes, with the unsplit model's gradients."""
+"""helpers.pipeline_parallel: schedules and their bubble, derived and measured on real processes, with the unsplit model's gradients."""
 from __future__ import annotations
 
 import matplotlib
 import matplotlib.pyplot as plt
 import pytest
 
-from helpers.pipeline import bubble_fraction, ideal_timeline, measured_bubble, pipeline_experiment, pipeline_schedule, stage_order
+from helpers.pipeline_parallel import bubble_fraction, bubble_of, ideal_timeline, pipeline_experiment, pipeline_schedule, stage_order
 
 matplotlib.use("Agg")
 
@@ -21,11 +21,11 @@ def test_stage_orders():
 @pytest.mark.parametrize("stages,micro_batches", [(1, 3), (2, 1), (2, 8), (4, 4), (4, 16), (8, 3)])
 def test_equal_stages_give_the_formula_bubble(schedule, stages, micro_batches):
     timeline = ideal_timeline(stages, micro_batches, schedule)
-    assert measured_bubble(timeline) == pytest.approx(bubble_fraction(stages, micro_batches))
+    assert bubble_of(timeline) == pytest.approx(bubble_fraction(stages, micro_batches))
 
 
 def test_unequal_stages_idle_more_than_the_formula_and_1f1b_holds_fewer_activations():
-    assert measured_bubble(ideal_timeline(2, 4, "gpipe", forward=[1, 2], backward=[2, 4])) > bubble_fraction(2, 4)
+    assert bubble_of(ideal_timeline(2, 4, "gpipe", forward=[1, 2], backward=[2, 4])) > bubble_fraction(2, 4)
     gpipe, one_f = pipeline_schedule(4, 8), pipeline_schedule(4, 8, "1f1b")
     assert [r["held"] for r in gpipe.rows] == [8] * 4 and [r["held"] for r in one_f.rows] == [4, 3, 2, 1]
     assert gpipe.bubble == pytest.approx(one_f.bubble) == pytest.approx(gpipe.formula)

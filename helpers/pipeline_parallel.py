@@ -22,7 +22,7 @@ from .collectives import count_traffic
 from .launch import default_threads, launch
 from .report import Column, Report, format_bytes, format_seconds
 
-SCHEDULES = ("gpipe", "1f1b")
+SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B"}  # name -> how it is written
 Op = tuple[str, int]  # ("F" or "B", micro-batch index)
 KIND = {"F": "forward", "B": "backward"}
 
@@ -37,7 +37,7 @@ def _check(stages: int, micro_batches: int, schedule: str = "gpipe") -> None:
     if stages < 1 or micro_batches < 1:
         raise ValueError(f"need at least one stage and one micro-batch, got stages={stages}, micro_batches={micro_batches}")
     if schedule not in SCHEDULES:
-        raise ValueError(f"unknown schedule {schedule!r}; choose one of {SCHEDULES}")
+        raise ValueError(f"unknown schedule {schedule!r}; choose one of {list(SCHEDULES)}")
 
 
 def stage_order(stage: int, stages: int, micro_batches: int, schedule: str = "gpipe") -> list[Op]:
@@ -92,8 +92,8 @@ def ideal_timeline(stages: int, micro_batches: int, schedule: str = "gpipe", for
     return timeline
 
 
-def measured_bubble(timeline: Sequence[Sequence[tuple]]) -> float:
-    """1 - busy / (stages x makespan), from (kind, micro-batch, start, end) events per stage."""
+def bubble_of(timeline: Sequence[Sequence[tuple]]) -> float:
+    """The idle share of a timeline, 1 - busy / (stages x makespan), from (kind, micro-batch, start, end) events per stage."""
     starts = [e[2] for lane in timeline for e in lane]
     ends = [e[3] for lane in timeline for e in lane]
     busy = sum(e[3] - e[2] for lane in timeline for e in lane)
@@ -125,9 +125,9 @@ class PipelineSchedule(Report):
         self.stages, self.micro_batches, self.schedule = stages, micro_batches, schedule
         self.timeline = ideal_timeline(stages, micro_batches, schedule, forward, backward)
         self.makespan = max(e[3] for lane in self.timeline for e in lane)
-        self.bubble = measured_bubble(self.timeline)
+        self.bubble = bubble_of(self.timeline)
         self.formula = bubble_fraction(stages, micro_batches)
-        self.title = f"{schedule.upper()} schedule: p = {stages} stages, m = {micro_batches} micro-batches (forward {forward:g}, backward {backward:g} time units)"
+        self.title = f"{SCHEDULES[schedule]} schedule: p = {stages} stages, m = {micro_batches} micro-batches (forward {forward:g}, backward {backward:g} time units)"
         rows = []
         for s, lane in enumerate(self.timeline):
             busy = sum(e[3] - e[2] for e in lane)
@@ -137,7 +137,7 @@ class PipelineSchedule(Report):
         super().__init__(rows, notes)
 
     def plot(self, ax=None):
-        return _gantt(self.timeline, ax, f"{self.schedule.upper()}: p = {self.stages}, m = {self.micro_batches}, bubble {self.bubble:.0%}", "time (units)")
+        return _gantt(self.timeline, ax, f"{SCHEDULES[self.schedule]}: p = {self.stages}, m = {self.micro_batches}, bubble {self.bubble:.0%}", "time (units)")
 
 
 def pipeline_schedule(stages: int = 4, micro_batches: int = 4, schedule: str = "gpipe", forward: float = 1.0, backward: float = 2.0) -> PipelineSchedule:
@@ -247,7 +247,7 @@ class PipelineRun(Report):
 
     def __init__(self, rows: list[PipelineRow], timelines: dict[int, list[list[tuple]]], stages: int, schedule: str, notes: list[str]):
         self.timelines, self.stages, self.schedule = timelines, stages, schedule
-        self.title = f"{schedule.upper()} on {stages} real processes (one stage each): measured bubble against the formula"
+        self.title = f"{SCHEDULES[schedule]} on {stages} real processes (one stage each): measured bubble against the formula"
         super().__init__(rows, notes)
 
     def row(self, micro_batches: int) -> PipelineRow:
@@ -267,7 +267,7 @@ class PipelineRun(Report):
     def plot_timeline(self, micro_batches: int | None = None, ax=None):
         """Each stage's forwards and backwards on the measured clock (milliseconds)."""
         m = micro_batches or max(self.timelines)
-        return _gantt(self.timelines[m], ax, f"Measured {self.schedule.upper()}: p = {self.stages}, m = {m}, bubble {self.row(m).measured_bubble:.0%}",
+        return _gantt(self.timelines[m], ax, f"Measured {SCHEDULES[self.schedule]}: p = {self.stages}, m = {m}, bubble {self.row(m).measured_bubble:.0%}",
                       "time since the start (ms)", scale=1e3)
 
 
@@ -278,7 +278,7 @@ def _expected_bubble(timeline: list[list[tuple]], micro_batches: int, schedule: 
 
     forward = [median_of(lane, "F") for lane in timeline]
     backward = [median_of(lane, "B") for lane in timeline]
-    return measured_bubble(ideal_timeline(len(timeline), micro_batches, schedule, forward, backward))
+    return bubble_of(ideal_timeline(len(timeline), micro_batches, schedule, forward, backward))
 
 
 def _reference_gradients(stages: int, layers_per_stage: int, width: int, batch: int) -> list[list[torch.Tensor]]:
@@ -312,9 +312,8 @@ def pipeline_experiment(stages: int = 2, micro_batches: Sequence[int] = (1, 2, 4
         same = all(torch.allclose(g, r, rtol=1e-4, atol=1e-6) for s in range(stages) for g, r in zip(per_rank[s][m]["grads"], reference[s]))
         busy = ", ".join(f"{sum(e[3] - e[2] for e in lane) * 1e3:.1f} ms" for lane in chosen)
         both_ways = sum(per_rank[s][m]["bytes_sent"] for s in range(stages)) // max(stages - 1, 1)
-        rows.append(PipelineRow(m, batch // m, bubble_fraction(stages, m), _expected_bubble(chosen, m, schedule), measured_bubble(chosen),
-                                statistics.median_low(spans), busy,
-                                per_rank[0][m]["held"], both_ways, same))
+        rows.append(PipelineRow(m, batch // m, bubble_fraction(stages, m), _expected_bubble(chosen, m, schedule), bubble_of(chosen),
+                                statistics.median_low(spans), busy, per_rank[0][m]["held"], both_ways, same))
     notes = [f"An MLP of {stages * layers_per_stage} linear {width}x{width} layers, {layers_per_stage} per stage, batch {batch}; "
              f"each stage a process with {default_threads(stages)} CPU thread(s); activations go forward and their gradients back "
              "with isend/recv (counted: 'sent per stage boundary', both directions).",
