@@ -18,7 +18,7 @@ from torch.optim.adam import adam
 from . import plots
 from .bench import transfer_sweep
 from .device import is_gpu
-from .fake import first_device, tensor_bytes
+from .fake import first_device
 from .memory import training_memory
 from .memsave import demo_transformer, example_batch, mean_square_loss, time_interleaved, update_function
 from .report import Column, Report, format_bytes, format_seconds

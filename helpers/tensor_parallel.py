@@ -180,7 +180,7 @@ def _shard(t: torch.Tensor, dim: int) -> nn.Parameter:
 
 
 class ColumnParallelLinear(nn.Module):
-    """y = x A^T + b with A split by output features: rank r holds rows r of A (and of b) and computes its slice of y.
+    """y = x A^T + b with A split by output features: rank r holds the r-th block of A's rows (and of b), and computes its slice of y.
 
     The input is replicated (``copy_to_parallel``); the output stays split unless ``gather_output``.
     Built from a full ``nn.Linear``, so it computes exactly that layer's function.
@@ -197,7 +197,7 @@ class ColumnParallelLinear(nn.Module):
 
 
 class RowParallelLinear(nn.Module):
-    """y = x A^T + b with A split by input features: rank r multiplies its slice of x by its columns of A; the partial
+    """y = x A^T + b with A split by input features: rank r multiplies its slice of x by its block of A's columns; the partial
     results are summed (``reduce_from_parallel``) and the bias added once. ``input_is_parallel``: x arrives split."""
 
     def __init__(self, full: nn.Linear, input_is_parallel: bool = False):
@@ -228,7 +228,7 @@ class TensorParallelRow:
     weights_per_rank: float  # share of the full layer's weight bytes
     forward: str
     backward: str
-    sent_per_rank: float
+    sent_per_rank: float | None  # None where the collectives were only counted
 
 
 class TensorParallelCheck(Report):
