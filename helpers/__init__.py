@@ -49,6 +49,12 @@ from .sequences import synthetic_sequences  # noqa: E402
 from .profiling import anomaly_demo, cprofile, py_spy, torch_profile  # noqa: E402
 from .patterns import diagnose, profile_patterns  # noqa: E402
 from .compiling import eager_vs_compiled  # noqa: E402
+from .memsave import accumulation_memory, checkpointing_memory, precision_memory  # noqa: E402
+from .offload import offload_memory  # noqa: E402
+from .zero import zero_check, zero_memory  # noqa: E402
+from .pipeline_parallel import pipeline_experiment, pipeline_schedule  # noqa: E402
+from .tensor_parallel import tensor_parallel_check  # noqa: E402
+from .alexnet_parallel import alexnet_model_parallel  # noqa: E402
 
 __all__ = [
     "batch_throughput",
@@ -110,4 +116,14 @@ __all__ = [
     "synthetic_images",
     "tensor_core_alignment",
     "torch_profile",
+    "accumulation_memory",
+    "checkpointing_memory",
+    "precision_memory",
+    "offload_memory",
+    "zero_check",
+    "zero_memory",
+    "pipeline_experiment",
+    "pipeline_schedule",
+    "tensor_parallel_check",
+    "alexnet_model_parallel",
 ]

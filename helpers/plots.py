@@ -177,6 +177,24 @@ def grid_heatmap(grid, ax=None, *, title: str = "", idle: int | None = None, xla
     return ax
 
 
+def gantt(lanes: Mapping[str, Sequence[tuple[float, float, str, str]]], ax=None, *, title: str = "", xlabel: str = ""):
+    """One horizontal lane per name (a pipeline stage, a worker), top to bottom; each (start, end, text, kind) a labelled box
+    coloured by its kind (e.g. forward, backward), with one legend entry per kind."""
+    ax = new_axes(ax, title=title, xlabel=xlabel)
+    kinds: dict[str, str] = {}
+    names = list(lanes)
+    for row, name in enumerate(names):
+        for start, end, text, kind in lanes[name]:
+            color = kinds.setdefault(kind, color_for(kind, len(kinds)))
+            ax.barh(row, end - start, left=start, height=0.8, color=color, edgecolor="white", linewidth=0.8)
+            ax.text((start + end) / 2, row, text, ha="center", va="center", fontsize=7, color="white", clip_on=True)
+    ax.set_yticks(range(len(names)), names)
+    ax.invert_yaxis()
+    ax.grid(axis="y", visible=False)
+    ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=c) for c in kinds.values()], labels=list(kinds), loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return ax
+
+
 apply_style()
 
 

@@ -1,0 +1,106 @@
+"""helpers.memsave: checkpointing, gradient accumulation and mixed precision, on training_memory and real steps."""
+from __future__ import annotations
+
+import matplotlib
+import matplotlib.pyplot as plt
+import pytest
+import torch
+from torch import nn
+
+from helpers import measure_training_memory, training_memory
+from helpers.memsave import (
+    accumulation_memory,
+    checkpointed,
+    checkpointing_memory,
+    demo_transformer,
+    example_batch,
+    gradients_after,
+    keeping_gradients,
+    mean_square_loss,
+    precision_memory,
+    time_interleaved,
+)
+
+matplotlib.use("Agg")
+
+@pytest.fixture(scope="module")
+def model():
+    return demo_transformer(layers=4, width=32, seq_len=32, vocab=64)
+
+
+def test_checkpointed_copy_computes_the_same_function_and_gradients(model):
+    wrapped = checkpointed(model, every=2)
+    assert len(wrapped.blocks) == 2 and len(model.blocks) == 4  # the original is left alone
+    x = example_batch(model, 4)
+    out, ref = wrapped(x), model(x)
+    assert torch.allclose(out, ref)
+    mean_square_loss(out).backward()
+    mean_square_loss(ref).backward()
+    for a, b in zip(wrapped.parameters(), model.parameters()):
+        assert torch.allclose(a.grad, b.grad, atol=1e-6)
+    with pytest.raises(ValueError, match="blocks="):
+        checkpointed(nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="at least 1"):
+        checkpointed(model, every=0)
+
+
+def test_checkpointing_trades_activation_memory_and_the_estimate_matches_a_real_step(model):
+    report = checkpointing_memory(model, batch_size=8, every=(1,), rounds=1)
+    plain, every = report.row("no checkpointing"), report.row("checkpoint every 1")
+    assert every.activations < plain.activations / 2 and every.peak < plain.peak
+    for r in report.rows:
+        assert r.measured_peak == pytest.approx(r.peak, rel=0.02)
+        assert r.seconds > 0
+    assert "recomputed forward" in str(report)
+    plt.close(report.plot().figure)
+
+
+def test_accumulated_gradients_equal_the_big_batch_and_memory_falls_with_the_micro_batch(model):
+    report = accumulation_memory(model, batch_size=8, micro_batch_sizes=(8, 4, 2), rounds=0)
+    assert [r.micro_batch for r in report.rows] == [8, 4, 2]
+    assert all(r.same_gradients for r in report.rows)
+    peaks = [r.peak for r in report.rows]
+    assert peaks[0] > peaks[1] > peaks[2]
+    params = sum(p.numel() * 4 for p in model.parameters())
+    assert all(r.gradients == params for r in report.rows[1:])  # the gradients being accumulated are live at the peak
+    assert report.rows[0].seconds is None
+    with pytest.raises(ValueError, match="divide"):
+        accumulation_memory(model, batch_size=8, micro_batch_sizes=(3,), rounds=0, check=False)
+
+
+def test_the_one_over_k_scaling_is_right_only_for_a_loss_that_averages_over_the_batch(model):
+    x = example_batch(model, 8)
+    for k in (2, 4):
+        assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-6) for a, b in zip(gradients_after(model, x, k), gradients_after(model, x, 1)))
+
+    def summed(output):
+        return output.float().pow(2).sum()
+
+    scaled, whole = gradients_after(model, x, 4, summed), gradients_after(model, x, 1, summed)
+    assert all(torch.allclose(4 * a, b, rtol=1e-4, atol=1e-5) for a, b in zip(scaled, whole))
+
+
+def test_keeping_gradients_estimate_matches_a_real_step(model):
+    x = example_batch(model, 4)
+    estimate = training_memory(model, x, keeping_gradients("adam"), loss_fn=mean_square_loss)
+    measured = measure_training_memory(model, x, keeping_gradients("adam"), loss_fn=mean_square_loss)
+    plain = training_memory(model, x, "adam", loss_fn=mean_square_loss)
+    assert estimate.peak_bytes == pytest.approx(measured.peak_bytes, rel=0.02)
+    assert estimate.peak_bytes > plain.peak_bytes
+
+
+def test_autocast_shrinks_activations_but_not_the_training_state(model):
+    report = precision_memory(model, batch_size=8, measure=False)
+    fp32, amp, master, half = report.rows
+    state = [(r.parameters, r.gradients, r.optimizer_state) for r in (fp32, amp)]
+    assert state[0] == state[1]
+    assert amp.activations < fp32.activations
+    assert half.parameters * 2 == fp32.parameters and master.optimizer_state == 3 * fp32.parameters
+    assert all(r.measured_peak is None for r in report.rows)
+
+
+def test_time_interleaved_times_every_function():
+    calls = []
+    times = time_interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, rounds=3)
+    assert set(times) == {"a", "b"} and all(t >= 0 for t in times.values())
+    assert calls == ["a", "b"] * 4  # one warm-up each, then rounds taken in turn

@@ -1,0 +1,42 @@
+"""helpers.tensor_parallel on real gloo workers: split layers equal the unsplit ones, with the collectives Megatron predicts."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from helpers.launch import launch
+from helpers.tensor_parallel import exchange, gather_from_parallel, tensor_parallel_check
+
+
+def test_split_layers_match_one_device_with_one_all_reduce_each_way_for_the_mlp():
+    report = tensor_parallel_check(world_sizes=(2,), batch=4, width=16, hidden=32)
+    assert len(report.rows) == 4
+    assert all(r.same_output and r.same_gradients for r in report.rows)
+    mlp = report.row("MLP: column", 2)
+    assert mlp.forward == "1 all_reduce (256 B)" and mlp.backward == "1 all_reduce (256 B)"
+    assert mlp.sent_per_rank == 2 * 256 * 2 * (2 - 1) / 2 and mlp.weights_per_rank == pytest.approx(0.5, abs=0.01)
+    column = report.row("column", 2)
+    assert column.forward.startswith("1 all_gather") and column.backward.startswith("1 all_reduce")
+    assert report.row("MLP via torch", 2).forward == "1 all_reduce"
+    with pytest.raises(ValueError, match="multiples"):
+        tensor_parallel_check(world_sizes=(3,), width=16, hidden=32)
+
+
+def _consumers_differ(use_exchange: bool) -> bool:
+    """Each rank multiplies the gathered halves by its own weights; is the gradient of its half right?"""
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    halves = [torch.randn(3, 2) for _ in range(2)]
+    weights = [torch.randn(4, 5) for _ in range(2)]
+    mine = halves[rank].clone().requires_grad_()
+    gathered = (exchange if use_exchange else gather_from_parallel)(mine, 1)
+    (gathered @ weights[rank]).sum().backward()
+    whole = torch.cat(halves, 1).requires_grad_()
+    sum((whole @ w).sum() for w in weights).backward()  # one device: both towers' losses
+    return torch.allclose(mine.grad, whole.grad.chunk(2, 1)[rank])
+
+
+def test_exchange_sums_the_gradients_of_different_consumers_and_a_plain_gather_does_not():
+    assert launch(_consumers_differ, 2, args=(True,), echo=False) == [True, True]
+    assert launch(_consumers_differ, 2, args=(False,), echo=False) == [False, False]
