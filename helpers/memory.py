@@ -481,7 +481,9 @@ class _AllocatorPeak:
     """The allocator's peak during a block, counting ``baseline`` bytes of tensors live when it starts.
 
     CPU: torch.profiler's memory events (every allocation and free through torch's CPU
-    allocator, including buffers kernels allocate internally). CUDA:
+    allocator, including buffers kernels allocate internally); what the profiler prints
+    straight to file descriptor 2 during the block (e.g. frees of blocks allocated before
+    it started) is silenced. CUDA:
     ``torch.cuda.max_memory_allocated``, less what was allocated beforehand and is not
     part of the step (e.g. cuBLAS workspaces, other models).
     """
@@ -498,8 +500,13 @@ class _AllocatorPeak:
             torch.cuda.reset_peak_memory_stats(self.device)
         else:
             self.profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
-            with _quiet_native_stderr():
+            self.quiet = _quiet_native_stderr()
+            self.quiet.__enter__()
+            try:
                 self.profiler.__enter__()
+            except BaseException:
+                self.quiet.__exit__(None, None, None)
+                raise
         return self
 
     def __exit__(self, *exc):
@@ -507,8 +514,10 @@ class _AllocatorPeak:
             torch.cuda.synchronize(self.device)
             self.peak = torch.cuda.max_memory_allocated(self.device) - self.untracked
             return False
-        with _quiet_native_stderr():
+        try:
             self.profiler.__exit__(*exc)
+        finally:
+            self.quiet.__exit__(None, None, None)
         events = [e for e in self.profiler.profiler.kineto_results.events() if e.name() == "[memory]" and e.device_type() == DeviceType.CPU]
         live = highest = 0
         for event in sorted(events, key=lambda e: e.start_ns()):
