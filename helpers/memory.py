@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 import torch
 from torch import nn
 from torch._C._autograd import DeviceType
+from torch.optim.adam import adam
 from torch.utils._foreach_utils import _get_foreach_kernels_supported_devices
 from torch.utils._pytree import tree_flatten
 
@@ -699,14 +700,18 @@ def profile_mem(model: nn.Module, shape: Any = None, mode: str = "inference") ->
 
 
 class MasterWeightAdam(torch.optim.Optimizer):
-    """Adam that keeps fp32 master copies of half-precision parameters (the apex "O2" / Megatron layout).
+    """Adam on fp32 master copies of the parameters (the apex "O2" / Megatron layout for half-precision models).
 
-    The model holds fp16 weights and gets fp16 gradients; the update runs on the fp32
-    masters, which are copied back into the model after every step.
+    The model holds (possibly fp16/bf16) weights and gets gradients of the same type; the
+    update runs on fp32 masters, with fp32 moments, and the result is copied back into the
+    model after every step. ``master_device`` keeps masters and moments elsewhere (e.g. the
+    host: see ``helpers.offload.OffloadedAdam``); by default they sit beside each parameter.
     """
 
-    def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):
+    def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 master_device: str | torch.device | None = None):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps))
+        self.master_device = None if master_device is None else torch.device(master_device)
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -715,17 +720,15 @@ class MasterWeightAdam(torch.optim.Optimizer):
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                state = self.state[p]
+                home, state = self.master_device or p.device, self.state[p]
                 if not state:
-                    state.update(step=0, master=p.float(), exp_avg=torch.zeros_like(p, dtype=torch.float32),
-                                 exp_avg_sq=torch.zeros_like(p, dtype=torch.float32))
-                state["step"] += 1
-                grad, master = p.grad.float(), state["master"]
-                state["exp_avg"].mul_(beta1).add_(grad, alpha=1 - beta1)
-                state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-                denom = (state["exp_avg_sq"] / (1 - beta2 ** state["step"])).sqrt_().add_(group["eps"])
-                master.addcdiv_(state["exp_avg"], denom, value=-group["lr"] / (1 - beta1 ** state["step"]))
-                p.copy_(master)
+                    master = p.detach().to(home, torch.float32, copy=True)
+                    state.update(step=torch.tensor(0.0), master=master,  # a scalar tensor, as torch.optim.Adam keeps it
+                                 exp_avg=torch.zeros_like(master), exp_avg_sq=torch.zeros_like(master))
+                grad = p.grad.to(home, torch.float32)  # device -> host when the masters are elsewhere
+                adam([state["master"]], [grad], [state["exp_avg"]], [state["exp_avg_sq"]], [], [state["step"]], foreach=False,
+                     amsgrad=False, beta1=beta1, beta2=beta2, lr=group["lr"], weight_decay=0.0, eps=group["eps"], maximize=False)
+                p.copy_(state["master"])  # and back, into the model's own dtype
 
 
 @dataclass

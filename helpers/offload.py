@@ -13,13 +13,12 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.optim.adam import adam
 
 from . import plots
 from .bench import transfer_sweep
 from .device import is_gpu
 from .fake import first_device
-from .memory import training_memory
+from .memory import MasterWeightAdam, training_memory
 from .memsave import demo_transformer, example_batch, mean_square_loss, time_interleaved, update_function
 from .report import Column, Report, format_bytes, format_seconds
 
@@ -27,7 +26,7 @@ from .report import Column, Report, format_bytes, format_seconds
 STAND_IN_ACCELERATOR, STAND_IN_HOST = "cpu:0", "cpu:1"
 
 
-class OffloadedAdam(torch.optim.Optimizer):
+class OffloadedAdam(MasterWeightAdam):
     """Adam whose fp32 master weights and moments live on ``host``: the device keeps only weights and gradients.
 
     Each step copies the gradients to the host, updates the master weights there, and copies
@@ -36,25 +35,7 @@ class OffloadedAdam(torch.optim.Optimizer):
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  host: str | torch.device = "cpu"):
-        super().__init__(params, dict(lr=lr, betas=betas, eps=eps))
-        self.host = torch.device(host)
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if not state:
-                    master = p.detach().to(self.host, torch.float32, copy=True)
-                    state.update(step=torch.tensor(0.0), master=master,  # a scalar tensor, as torch.optim.Adam keeps it
-                                 exp_avg=torch.zeros_like(master), exp_avg_sq=torch.zeros_like(master))
-                grad = p.grad.to(self.host, torch.float32)  # device -> host
-                adam([state["master"]], [grad], [state["exp_avg"]], [state["exp_avg_sq"]], [], [state["step"]], foreach=False,
-                     amsgrad=False, beta1=beta1, beta2=beta2, lr=group["lr"], weight_decay=0.0, eps=group["eps"], maximize=False)
-                p.copy_(state["master"])  # host -> device
+        super().__init__(params, lr=lr, betas=betas, eps=eps, master_device=host)
 
 
 def offloaded_adam(host: str | torch.device):

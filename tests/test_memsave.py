@@ -95,7 +95,8 @@ def test_autocast_shrinks_activations_but_not_the_training_state(model):
     state = [(r.parameters, r.gradients, r.optimizer_state) for r in (fp32, amp)]
     assert state[0] == state[1]
     assert amp.activations < fp32.activations
-    assert half.parameters * 2 == fp32.parameters and master.optimizer_state == 3 * fp32.parameters
+    assert half.parameters * 2 == fp32.parameters
+    assert master.optimizer_state == fp32.optimizer_state + fp32.parameters  # Adam's state plus an fp32 master copy
     assert all(r.measured_peak is None for r in report.rows)
 
 
