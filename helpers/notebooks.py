@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import nbformat
+from jupyter_client.manager import KernelManager
+from traitlets import default
 
 from .report import Column, Report
 
@@ -67,6 +69,18 @@ def describe_failure(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}"
 
 
+class LocalKernelManager(KernelManager):
+    """A kernel reached through Unix-domain sockets (ZeroMQ's ipc transport) instead of localhost TCP.
+
+    The kernel and the runner share this machine, so nothing needs a network port, and the
+    kernel does not warn on every start that its TCP traffic is unencrypted.
+    """
+
+    @default("transport")
+    def _local_transport(self):
+        return "ipc" if sys.platform != "win32" else "tcp"
+
+
 def execute_notebook(
     path: str | Path,
     output_dir: str | Path,
@@ -97,6 +111,7 @@ def execute_notebook(
             cwd=str(path.parent),
             progress_bar=False,
             execution_timeout=cell_timeout,
+            kernel_manager_class=LocalKernelManager,
         )
     except Exception as err:  # noqa: BLE001 - every failure becomes a row, never a crash
         error = describe_failure(err)

@@ -37,8 +37,12 @@ def test_lecture_has_a_parameters_cell_with_device_and_quick(notebook):
     assert re.search(r"^device\s*=", tagged[0].source, re.M) and re.search(r"^quick\s*=\s*False", tagged[0].source, re.M)
 
 
+def pyproject_dependencies() -> list[str]:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+
+
 def pins_from_pyproject() -> set[str]:
-    return set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"])
+    return set(pyproject_dependencies())
 
 
 def pins_from_environment() -> set[str]:
@@ -50,6 +54,11 @@ def pins_from_environment() -> set[str]:
 def test_environment_yml_mirrors_pyproject_pins():
     pyproject, conda = pins_from_pyproject(), pins_from_environment()
     assert pyproject == conda, f"only in pyproject: {sorted(pyproject - conda)}; only in environment.yml: {sorted(conda - pyproject)}"
+
+
+def test_every_dependency_is_listed_once():
+    names = [re.split(r"[=<>!~\[ ]", p, maxsplit=1)[0].lower().replace("_", "-") for p in pyproject_dependencies()]
+    assert len(names) == len(set(names)), f"listed more than once: {sorted({n for n in names if names.count(n) > 1})}"
 
 
 def test_every_dependency_is_pinned_exactly():
