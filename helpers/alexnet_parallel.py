@@ -15,6 +15,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .device import gpu_notice, pick_device
+from .fake import tensor_bytes
 from .launch import launch
 from .models import ALEXNET_INPUT, AlexNet2012, AlexNetTower, alexnet_2012
 from .report import Column, Report, format_bytes
@@ -38,10 +39,6 @@ def tower_forward(tower: AlexNetTower, x: torch.Tensor) -> torch.Tensor:
     return gather_from_parallel(tower.fc8(exchange(h, 1)), 1)  # both ranks then hold all logits and compute the same loss
 
 
-def _bytes(tensors) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)
-
-
 def _tower_worker(batch: int, num_classes: int) -> dict:
     rank = dist.get_rank()
     whole = _whole(num_classes)
@@ -51,7 +48,7 @@ def _tower_worker(batch: int, num_classes: int) -> dict:
     with communication_log() as log:
         logits = tower_forward(tower, x)
         logits.pow(2).mean().backward()
-    return dict(logits=logits.detach(), grads={n: p.grad for n, p in tower.named_parameters()}, tower_bytes=_bytes(tower.parameters()),
+    return dict(logits=logits.detach(), grads={n: p.grad for n, p in tower.named_parameters()}, tower_bytes=sum(map(tensor_bytes, tower.parameters())),
                 forward=log.describe("forward"), backward=log.describe("backward"),
                 exchanged=sum(n for _, n in log.of("forward")) + sum(n for _, n in log.of("backward")))
 
@@ -112,7 +109,7 @@ def alexnet_model_parallel(batch: int = 2, num_classes: int = 1000, device: str 
     expected = whole(x)
     expected.pow(2).mean().backward()
     grad_towers = _gradients_as_split(whole, num_classes).towers
-    whole_bytes = _bytes(whole.parameters())
+    whole_bytes = sum(map(tensor_bytes, whole.parameters()))
     rows = []
     for rank, r in enumerate(per_rank):
         reference = dict(grad_towers[rank].named_parameters())
@@ -137,6 +134,7 @@ def towers_on_two_devices(whole: AlexNet2012, x: torch.Tensor, devices: tuple[st
     with torch.no_grad():
         logits = split(x.to(devices[0])).cpu()
         expected = whole(x)
-    whole_bytes = _bytes(whole.parameters())
-    return [TowerRow(device, i, _bytes(t.parameters()), _bytes(t.parameters()) / whole_bytes, (logits - expected).abs().max().item(),
-                     None, "copies between the devices", "n/a (forward only)") for i, (device, t) in enumerate(zip(devices, split.towers))]
+    whole_bytes = sum(map(tensor_bytes, whole.parameters()))
+    tower_bytes = [sum(map(tensor_bytes, t.parameters())) for t in split.towers]
+    return [TowerRow(device, i, tower_bytes[i], tower_bytes[i] / whole_bytes, (logits - expected).abs().max().item(),
+                     None, "copies between the devices", "n/a (forward only)") for i, device in enumerate(devices)]

@@ -193,7 +193,8 @@ def _bytes_by_device(tensors: Iterable[torch.Tensor]) -> dict[str, int]:
     return totals
 
 
-def _state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """Every tensor the optimizer keeps (moments, master copies, step counters)."""
     return [v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
 
 
@@ -411,7 +412,7 @@ def training_memory(
         step = _Step(fake_model, args, kwargs, make_optimizer(optimizer, params, foreach=_torch_default_foreach(params)),
                      loss_fn or default_loss, amp_dtype)
         step.create_optimizer_state()
-        state = _bytes_by_device(_state_tensors(step.optimizer))
+        state = _bytes_by_device(optimizer_state_tensors(step.optimizer))
         tracker = _new_tracker()
         tracker.track_external(fake_model, step.optimizer, *args, *kwargs.values())
         with tracker:
@@ -551,10 +552,10 @@ def measure_training_memory(
     params = [p for p in real_model.parameters() if p.requires_grad]
     step = _Step(real_model, args, kwargs, make_optimizer(optimizer, params, foreach=None), loss_fn or default_loss, amp_dtype)
     step.run()  # warm-up: creates the optimizer's state (and, on a GPU, cuBLAS workspaces)
-    state = _bytes_by_device(_state_tensors(step.optimizer))
+    state = _bytes_by_device(optimizer_state_tensors(step.optimizer))
     tracker = _new_tracker()
     tracker.track_external(real_model, step.optimizer, *args, *kwargs.values())
-    baseline = _live_bytes([*real_model.parameters(), *real_model.buffers(), *_state_tensors(step.optimizer), *args, *kwargs.values()], device)
+    baseline = _live_bytes([*real_model.parameters(), *real_model.buffers(), *optimizer_state_tensors(step.optimizer), *args, *kwargs.values()], device)
     allocator = _AllocatorPeak(device, baseline) if device.type in ("cpu", "cuda") else None
     with allocator or contextlib.nullcontext(), tracker:
         grads = step.run(tracker)

@@ -20,6 +20,7 @@ from torch import nn
 from . import plots
 from .ddp import mlp
 from .launch import launch
+from .memory import optimizer_state_tensors
 from .report import Column, Report, format_bytes
 
 STAGES = {
@@ -181,10 +182,6 @@ def _local_bytes(tensors) -> int:
     return total
 
 
-def _state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
-    return [v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
-
-
 def _train(model: nn.Module, optimizer: torch.optim.Optimizer, batches) -> None:
     """Adam steps on this rank's batches; gradients stay in ``.grad`` after the last step, to be counted."""
     for x, y in batches:
@@ -230,7 +227,7 @@ def _zero_worker(width: int, depth: int, batch: int, steps: int, lr: float) -> l
         _train(model, optimizer, batches)
         results.append(dict(method=name, stage=stage, parameters=_local_bytes(model.parameters()),
                             gradients=_local_bytes(p.grad for p in model.parameters()),
-                            optimizer_state=_local_bytes(_state_tensors(local_optimizer)), weights=_full_weights(model)))
+                            optimizer_state=_local_bytes(optimizer_state_tensors(local_optimizer)), weights=_full_weights(model)))
     reference = results[0]["weights"]
     for r in results:
         r["max_weight_difference"] = max((w - ref).abs().max().item() for w, ref in zip(r.pop("weights"), reference))
