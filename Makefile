@@ -34,6 +34,7 @@ help:
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "the kit needs Python 3.11 or newer; %s is %s: run make PYTHON=python3.11 (or newer)" % (sys.executable, sys.version.split()[0]))'
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --disable-pip-version-check -e .
 	@touch $(STAMP)
