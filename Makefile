@@ -44,7 +44,7 @@ lab: setup
 	$(VENV)/bin/jupyter lab --notebook-dir=$(CURDIR) $(if $(filter 0,$(shell id -u)),--allow-root)
 
 lectures: setup
-	$(PY) -m helpers.notebooks run lectures --out build/lectures $(if $(DEVICE),-p device=$(DEVICE))
+	$(PY) -m helpers.course.notebooks run lectures --out build/lectures $(if $(DEVICE),-p device=$(DEVICE))
 
 bench: setup
 	$(PY) -m tests.bench --out build/bench $(if $(B),--only $(B)) $(if $(QUICK),--quick)
@@ -53,7 +53,7 @@ test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 strip: setup
-	$(PY) -m helpers.notebooks strip lectures $(wildcard assignments/source)
+	$(PY) -m helpers.course.notebooks strip lectures $(wildcard assignments/source)
 
 clean:
 	rm -rf build .pytest_cache
@@ -64,7 +64,7 @@ distclean: clean
 
 # ---- grading (helpers/grading.py; assignments/README.md is the TA's guide)
 COURSE ?= assignments
-GRADING := $(PY) -m helpers.grading --course $(COURSE)
+GRADING := $(PY) -m helpers.course.grading --course $(COURSE)
 
 release: setup
 	$(GRADING) release $(if $(A),-a $(A))
@@ -85,4 +85,4 @@ import: setup
 NPROC ?= 2
 .PHONY: ddp-demo
 ddp-demo: setup
-	$(VENV)/bin/torchrun --standalone --nproc_per_node=$(NPROC) -m helpers.ddp_train $(DDP_ARGS)
+	$(VENV)/bin/torchrun --standalone --nproc_per_node=$(NPROC) -m helpers.distributed.ddp_train $(DDP_ARGS)

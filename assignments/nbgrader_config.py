@@ -5,7 +5,7 @@ How an assignment is written and graded: assignments/README.md.
 from nbgrader.preprocessors import ClearHiddenTests, GetGrades
 from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
 
-from helpers.grading import HideHiddenTestTracebacks
+from helpers.course.grading import HideHiddenTestTracebacks
 
 c = get_config()  # noqa: F821 - provided by nbgrader when it loads this file
 

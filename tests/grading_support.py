@@ -10,7 +10,7 @@ from pathlib import Path
 
 import nbformat
 
-from helpers import assignments
+from helpers.course import assignments
 
 ROOT = Path(__file__).resolve().parents[1]
 COURSE_FILES = ("nbgrader_config.py", "roster.csv")
@@ -39,9 +39,9 @@ def make(target: str, course: Path, *variables: str, timeout: float = 1800) -> s
 
 
 def grading_cli(course: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    """``python -m helpers.grading --course <course> <args>``, output captured."""
+    """``python -m helpers.course.grading --course <course> <args>``, output captured."""
     return subprocess.run(
-        [sys.executable, "-m", "helpers.grading", "--course", str(course), *args],
+        [sys.executable, "-m", "helpers.course.grading", "--course", str(course), *args],
         capture_output=True, text=True, env=environment(), timeout=timeout, cwd=ROOT,
     )
 

@@ -1,4 +1,4 @@
-"""helpers.alexnet and helpers.widgets: AlexNet (2012) against one and two 3 GB GTX 580s, and its live widget."""
+"""helpers.hardware.alexnet and helpers.hardware.widgets: AlexNet (2012) against one and two 3 GB GTX 580s, and its live widget."""
 from __future__ import annotations
 
 import matplotlib
@@ -7,9 +7,9 @@ import torch
 from torchvision.models import alexnet as torchvision_alexnet
 
 from helpers import alexnet_explorer, profile_layer_alexnet, training_memory
-from helpers.alexnet import ASSUMED_CONTEXT_BYTES, paper_sgd
-from helpers.hardware_specs import GTX_580_3GB
-from helpers.models import alexnet_2012
+from helpers.hardware.alexnet import ASSUMED_CONTEXT_BYTES, paper_sgd
+from helpers.core.hardware_specs import GTX_580_3GB
+from helpers.core.models import alexnet_2012
 
 matplotlib.use("Agg")
 CARD = 3 * 2**30

@@ -1,10 +1,10 @@
-"""helpers.alexnet_parallel: AlexNet's towers on two real processes compute the whole network's output and gradients."""
+"""helpers.distributed.alexnet_parallel: AlexNet's towers on two real processes compute the whole network's output and gradients."""
 from __future__ import annotations
 
 import torch
 
-from helpers.alexnet_parallel import alexnet_model_parallel, towers_on_two_devices
-from helpers.models import ALEXNET_INPUT, alexnet_2012
+from helpers.distributed.alexnet_parallel import alexnet_model_parallel, towers_on_two_devices
+from helpers.core.models import ALEXNET_INPUT, alexnet_2012
 
 
 def test_towers_on_two_processes_match_the_whole_network():

@@ -1,11 +1,11 @@
-"""helpers.amp: bytes per parameter and activations of a training step (via training_memory), fp32 vs AMP."""
+"""helpers.training.amp: bytes per parameter and activations of a training step (via training_memory), fp32 vs AMP."""
 from __future__ import annotations
 
 import pytest
 import torch
 from torch import nn
 
-from helpers import amp
+from helpers.training import amp
 
 
 def _mlp(width: int = 64) -> nn.Module:

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import assignments
-from helpers.grading import WEIGHTS, Course, course_grade, read_status
-from helpers.notebooks import execute_notebook
+from helpers.course import assignments
+from helpers.course.grading import WEIGHTS, Course, course_grade, read_status
+from helpers.course.notebooks import execute_notebook
 
 from .grading_support import ROOT, copy_course, execute_allowing_errors, hidden_test_lines, make, submit
 

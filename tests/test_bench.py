@@ -1,4 +1,4 @@
-"""helpers.bench: the timer, the throughput arithmetic, and GPU-only demos on a machine without one."""
+"""helpers.hardware.bench: the timer, the throughput arithmetic, and GPU-only demos on a machine without one."""
 from __future__ import annotations
 
 import time
@@ -6,8 +6,8 @@ import time
 import pytest
 import torch
 
-from helpers import bench
-from helpers.device import peak_flops
+from helpers.hardware import bench
+from helpers.core.device import peak_flops
 
 from .bench.bench_matmul import timer_agreement
 

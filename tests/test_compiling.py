@@ -1,11 +1,11 @@
-"""helpers.compiling: eager vs torch.compile, compile time apart from speed-up, and the TorchScript fallback."""
+"""helpers.training.compiling: eager vs torch.compile, compile time apart from speed-up, and the TorchScript fallback."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from helpers.compiling import eager_vs_compiled
-from helpers.workloads import tiny_mlp
+from helpers.training.compiling import eager_vs_compiled
+from helpers.training.workloads import tiny_mlp
 
 
 def pointwise_chain(x: torch.Tensor) -> torch.Tensor:

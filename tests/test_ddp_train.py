@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers.ddp_train import load_training_data, main
+from helpers.distributed.ddp_train import load_training_data, main
 
 ROOT = Path(__file__).resolve().parents[1]
 TORCHRUN = Path(sys.executable).parent / "torchrun"
@@ -17,7 +17,7 @@ TORCHRUN = Path(sys.executable).parent / "torchrun"
 
 def test_two_processes_train_under_torchrun_and_agree_on_the_weights():
     result = subprocess.run(
-        [str(TORCHRUN), "--standalone", "--nproc_per_node=2", "-m", "helpers.ddp_train", "--epochs", "3"],
+        [str(TORCHRUN), "--standalone", "--nproc_per_node=2", "-m", "helpers.distributed.ddp_train", "--epochs", "3"],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr

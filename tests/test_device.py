@@ -1,12 +1,12 @@
-"""helpers.device: choosing the device, the override, and the hardware facts behind '% of peak'."""
+"""helpers.core.device: choosing the device, the override, and the hardware facts behind '% of peak'."""
 from __future__ import annotations
 
 import psutil
 import pytest
 import torch
 
-from helpers import device as dev
-from helpers.hardware_specs import lookup_gpu
+from helpers.core import device as dev
+from helpers.core.hardware_specs import lookup_gpu
 
 
 def test_default_device_is_cuda_when_present_else_cpu(monkeypatch):

@@ -1,7 +1,7 @@
-"""helpers.concurrency: the GIL demo, shared memory between processes and loaders run and report what they claim."""
+"""helpers.distributed.concurrency: the GIL demo, shared memory between processes and loaders run and report what they claim."""
 from __future__ import annotations
 
-from helpers.concurrency import DecodeHeavy, dataloader_demo, gil_demo, python_work, shared_memory_demo, start_costs
+from helpers.distributed.concurrency import DecodeHeavy, dataloader_demo, gil_demo, python_work, shared_memory_demo, start_costs
 
 
 def test_shared_memory_passes_a_handle_and_the_child_writes_through():

@@ -1,4 +1,4 @@
-"""helpers.flops: the lecture's op-count table, FLOPs equal to FlopCounterMode's, MACs, and the classic rules."""
+"""helpers.hardware.flops: the lecture's op-count table, FLOPs equal to FlopCounterMode's, MACs, and the classic rules."""
 from __future__ import annotations
 
 import matplotlib
@@ -9,7 +9,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from helpers import profile_ops
-from helpers.models import BasicFCModel, LeNet, alexnet_2012, transformer_lm
+from helpers.core.models import BasicFCModel, LeNet, alexnet_2012, transformer_lm
 
 matplotlib.use("Agg")
 

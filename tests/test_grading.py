@@ -1,6 +1,6 @@
-"""The grading pipeline itself (helpers.grading), on tiny assignments: broken submissions, grade arithmetic, LMS import.
+"""The grading pipeline itself (helpers.course.grading), on tiny assignments: broken submissions, grade arithmetic, LMS import.
 
-Most tests call helpers.grading in-process (it still runs nbgrader in child processes);
+Most tests call helpers.course.grading in-process (it still runs nbgrader in child processes);
 the make targets and their knobs are exercised here and, on the real assignments, in
 tests/test_assignments.py.
 """
@@ -14,9 +14,9 @@ import nbformat
 import psutil
 import pytest
 
-from helpers import assignments
-from helpers import grading
-from helpers.grading import Course, HideHiddenTestTracebacks, course_grade, read_status
+from helpers.course import assignments
+from helpers.course import grading
+from helpers.course.grading import Course, HideHiddenTestTracebacks, course_grade, read_status
 
 from .grading_support import make, submit, tiny_course, tiny_notebook, with_solution
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.notebooks import execute_notebook, find_notebooks
+from helpers.course.notebooks import execute_notebook, find_notebooks
 
 ROOT = Path(__file__).resolve().parents[1]
 LECTURES = find_notebooks(ROOT / "lectures")

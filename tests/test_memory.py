@@ -1,4 +1,4 @@
-"""helpers.memory: training_memory against real measured steps, meta models, bytes per parameter, working sets, OOM."""
+"""helpers.core.memory: training_memory against real measured steps, meta models, bytes per parameter, working sets, OOM."""
 from __future__ import annotations
 
 import matplotlib
@@ -8,9 +8,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from helpers import bytes_per_param, fit_batch, measure_training_memory, profile_layer_mem, profile_mem, training_memory
-from helpers.memory import CATEGORIES, PHASES, default_loss
-from helpers.oom import largest_batch, parse_bytes
-from helpers.models import BasicFCModel, LeNet, alexnet_2012, count_parameters, transformer_lm
+from helpers.core.memory import CATEGORIES, PHASES, default_loss
+from helpers.hardware.oom import largest_batch, parse_bytes
+from helpers.core.models import BasicFCModel, LeNet, alexnet_2012, count_parameters, transformer_lm
 
 matplotlib.use("Agg")
 

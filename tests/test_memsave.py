@@ -1,4 +1,4 @@
-"""helpers.memsave: checkpointing, gradient accumulation and mixed precision, on training_memory and real steps."""
+"""helpers.distributed.memsave: checkpointing, gradient accumulation and mixed precision, on training_memory and real steps."""
 from __future__ import annotations
 
 import matplotlib
@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from helpers import measure_training_memory, training_memory
-from helpers.memsave import (
+from helpers.distributed.memsave import (
     accumulation_memory,
     checkpointed,
     checkpointing_memory,

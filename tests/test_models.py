@@ -1,11 +1,11 @@
-"""helpers.models: the lecture's LeNet, the MLP, and AlexNet (2012) whole and split."""
+"""helpers.core.models: the lecture's LeNet, the MLP, and AlexNet (2012) whole and split."""
 from __future__ import annotations
 
 import pytest
 import torch
 from torchvision.models import alexnet as torchvision_alexnet
 
-from helpers.models import ALEXNET_INPUT, BasicFCModel, LeNet, alexnet_2012, count_parameters
+from helpers.core.models import ALEXNET_INPUT, BasicFCModel, LeNet, alexnet_2012, count_parameters
 
 
 def test_lenet_layers_and_shapes():

@@ -1,10 +1,10 @@
-"""helpers.notebooks: the runner behind `make lectures` reports failures usefully and keeps notebooks clean."""
+"""helpers.course.notebooks: the runner behind `make lectures` reports failures usefully and keeps notebooks clean."""
 from __future__ import annotations
 
 import nbformat
 from nbformat.v4 import new_code_cell, new_notebook
 
-from helpers.notebooks import execute_notebook, has_outputs, main, parse_parameters, strip_outputs
+from helpers.course.notebooks import execute_notebook, has_outputs, main, parse_parameters, strip_outputs
 
 
 def write_notebook(path, *sources, parameters=None):

@@ -1,4 +1,4 @@
-"""helpers.offload: OffloadedAdam is Adam; offloading moves the optimizer state off the device and costs two copies per step."""
+"""helpers.distributed.offload: OffloadedAdam is Adam; offloading moves the optimizer state off the device and costs two copies per step."""
 from __future__ import annotations
 
 import matplotlib
@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from helpers.memsave import demo_transformer
-from helpers.offload import OffloadedAdam, offload_memory
+from helpers.distributed.memsave import demo_transformer
+from helpers.distributed.offload import OffloadedAdam, offload_memory
 
 matplotlib.use("Agg")
 

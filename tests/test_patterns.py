@@ -1,4 +1,4 @@
-"""helpers.patterns: each program of helpers.workloads diagnosed from its own profile; the GPU rules on given figures."""
+"""helpers.training.patterns: each program of helpers.training.workloads diagnosed from its own profile; the GPU rules on given figures."""
 from __future__ import annotations
 
 import dataclasses
@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 import torch
 
-from helpers import patterns, workloads
+from helpers.training import patterns, workloads
 
 CPU = torch.device("cpu")
 

@@ -1,11 +1,11 @@
-"""helpers.pipeline_parallel: schedules and their bubble, derived and measured on real processes, with the unsplit model's gradients."""
+"""helpers.distributed.pipeline_parallel: schedules and their bubble, derived and measured on real processes, with the unsplit model's gradients."""
 from __future__ import annotations
 
 import matplotlib
 import matplotlib.pyplot as plt
 import pytest
 
-from helpers.pipeline_parallel import bubble_fraction, bubble_of, ideal_timeline, pipeline_experiment, pipeline_schedule, stage_order
+from helpers.distributed.pipeline_parallel import bubble_fraction, bubble_of, ideal_timeline, pipeline_experiment, pipeline_schedule, stage_order
 
 matplotlib.use("Agg")
 

@@ -1,4 +1,4 @@
-"""helpers.pipelines: image storage formats, padding, the length-bucketing sampler."""
+"""helpers.training.data_pipelines: image storage formats, padding, the length-bucketing sampler."""
 from __future__ import annotations
 
 import random
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import pipelines
-from helpers.sequences import PAD, synthetic_sequences
+from helpers.training import data_pipelines as pipelines
+from helpers.training.sequences import PAD, synthetic_sequences
 
 
 def test_synthetic_images_are_deterministic_uint8_rgb():

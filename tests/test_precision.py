@@ -1,4 +1,4 @@
-"""helpers.precision: formats from torch.finfo, tensor-core alignment, autocast, loss scaling."""
+"""helpers.training.precision: formats from torch.finfo, tensor-core alignment, autocast, loss scaling."""
 from __future__ import annotations
 
 import math
@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from helpers import precision
+from helpers.training import precision
 
 
 @pytest.fixture(scope="module")

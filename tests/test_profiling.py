@@ -1,4 +1,4 @@
-"""helpers.profiling and helpers.workloads: the profilers' readings, the anomaly demo, and the programs' fixes."""
+"""helpers.training.profiling and helpers.training.workloads: the profilers' readings, the anomaly demo, and the programs' fixes."""
 from __future__ import annotations
 
 import json
@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from helpers import profiling, workloads
+from helpers.training import profiling, workloads
 
 CPU = torch.device("cpu")
 

@@ -1,9 +1,9 @@
-"""helpers.report: the table every report prints."""
+"""helpers.core.report: the table every report prints."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from helpers.report import Column, Report, format_bytes, format_seconds, format_table
+from helpers.core.report import Column, Report, format_bytes, format_seconds, format_table
 
 
 @dataclass

@@ -10,7 +10,7 @@ import nbformat
 import pytest
 import yaml
 
-from helpers.notebooks import find_notebooks, has_outputs
+from helpers.course.notebooks import find_notebooks, has_outputs
 
 ROOT = Path(__file__).resolve().parents[1]
 

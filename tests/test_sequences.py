@@ -1,10 +1,10 @@
-"""helpers.sequences: synthetic variable-length data and the padding share of a batching."""
+"""helpers.training.sequences: synthetic variable-length data and the padding share of a batching."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from helpers.sequences import PAD, pad_to, padding_share, synthetic_sequences
+from helpers.training.sequences import PAD, pad_to, padding_share, synthetic_sequences
 
 
 def test_synthetic_sequences_have_a_long_tail_and_are_reproducible():

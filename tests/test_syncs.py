@@ -1,11 +1,11 @@
-"""helpers.syncs: host reads of tensors are counted where the user's code makes them, not inside torch."""
+"""helpers.training.syncs: host reads of tensors are counted where the user's code makes them, not inside torch."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-from helpers.syncs import count_host_syncs
+from helpers.training.syncs import count_host_syncs
 
 
 def test_every_kind_of_host_read_is_counted():

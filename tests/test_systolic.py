@@ -1,4 +1,4 @@
-"""helpers.systolic: the cycle-by-cycle arrays compute torch.matmul's answer in the cycles the formulas predict."""
+"""helpers.hardware.systolic: the cycle-by-cycle arrays compute torch.matmul's answer in the cycles the formulas predict."""
 from __future__ import annotations
 
 import math
@@ -10,7 +10,7 @@ matplotlib.use("Agg")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from helpers.systolic import DATAFLOWS, IDLE, compare_dataflows, pass_cycles, systolic_matmul  # noqa: E402
+from helpers.hardware.systolic import DATAFLOWS, IDLE, compare_dataflows, pass_cycles, systolic_matmul  # noqa: E402
 
 SHAPES = [(1, 1, 1), (5, 3, 4), (2, 7, 3), (9, 2, 6), (4, 4, 4)]
 

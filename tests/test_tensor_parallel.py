@@ -1,12 +1,12 @@
-"""helpers.tensor_parallel on real gloo workers: split layers equal the unsplit ones, with the collectives Megatron predicts."""
+"""helpers.distributed.tensor_parallel on real gloo workers: split layers equal the unsplit ones, with the collectives Megatron predicts."""
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from helpers.launch import launch
-from helpers.tensor_parallel import exchange, gather_from_parallel, tensor_parallel_check
+from helpers.core.launch import launch
+from helpers.distributed.tensor_parallel import exchange, gather_from_parallel, tensor_parallel_check
 
 
 def test_split_layers_match_one_device_with_one_all_reduce_each_way_for_the_mlp():

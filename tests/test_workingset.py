@@ -1,4 +1,4 @@
-"""helpers.workingset: cache sizes, the training working set, and the epoch-time estimate against hidden size."""
+"""helpers.hardware.workingset: cache sizes, the training working set, and the epoch-time estimate against hidden size."""
 from __future__ import annotations
 
 import math
@@ -13,8 +13,8 @@ matplotlib.use("Agg")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from helpers.models import BasicFCModel, LeNet  # noqa: E402
-from helpers.workingset import cpu_caches, estimate_training_for, training_working_set_bytes  # noqa: E402
+from helpers.core.models import BasicFCModel, LeNet  # noqa: E402
+from helpers.hardware.workingset import cpu_caches, estimate_training_for, training_working_set_bytes  # noqa: E402
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux") or not shutil.which("lscpu"), reason="reads Linux's /sys; lscpu cross-checks it")
@@ -58,7 +58,7 @@ def test_one_hidden_size_is_enough():
 
 
 def test_page_faults_are_counted_for_fresh_memory():
-    from helpers.workingset import page_faults_per_call
+    from helpers.hardware.workingset import page_faults_per_call
 
     if not sys.platform.startswith("linux"):
         pytest.skip("counts glibc's behaviour: large allocations are mapped afresh and handed back")

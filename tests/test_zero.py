@@ -1,4 +1,4 @@
-"""helpers.zero: bytes per parameter per ZeRO stage, and ZeRO-1 / ZeRO-3 on a real gloo group against the formula."""
+"""helpers.distributed.zero: bytes per parameter per ZeRO stage, and ZeRO-1 / ZeRO-3 on a real gloo group against the formula."""
 from __future__ import annotations
 
 import matplotlib
@@ -6,7 +6,7 @@ import matplotlib.pyplot as plt
 import pytest
 
 from helpers import bytes_per_param
-from helpers.zero import Layout, formula, per_worker, zero_check, zero_memory
+from helpers.distributed.zero import Layout, formula, per_worker, zero_check, zero_memory
 
 matplotlib.use("Agg")
 

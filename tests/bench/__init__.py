@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from helpers.report import Report
+from helpers.core.report import Report
 
 
 @dataclass

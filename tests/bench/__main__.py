@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 import helpers  # noqa: F401  (quietens torch's import-time warnings)
-from helpers.device import describe
-from helpers.report import Column, format_table
+from helpers.core.device import describe
+from helpers.core.report import Column, format_table
 
 from . import BenchResult
 

@@ -6,15 +6,16 @@ import statistics
 import torch
 from torch.utils import benchmark as torch_benchmark
 
-from helpers.bench import matmul_sweep, tensor_core_shapes, timeit
-from helpers.device import gpu_available, peak_flops
-from helpers.report import Column, Report, format_seconds
+from helpers.core.timing import timeit
+from helpers.hardware.bench import matmul_sweep, tensor_core_shapes
+from helpers.core.device import gpu_available, peak_flops
+from helpers.core.report import Column, Report, format_seconds
 
 from . import BenchResult, Target
 
 
 class TimerAgreement(Report):
-    title = "helpers.bench.timeit vs torch.utils.benchmark (same threads, blocked_autorange)"
+    title = "helpers.hardware.bench.timeit vs torch.utils.benchmark (same threads, blocked_autorange)"
     columns = (
         Column("round", "round"),
         Column("kit", "helpers timeit", format_seconds),

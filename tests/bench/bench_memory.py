@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from helpers.report import Column, Report, format_bytes, format_seconds
+from helpers.core.report import Column, Report, format_bytes, format_seconds
 
 from . import BenchResult, Target
 
@@ -20,8 +20,8 @@ CHILD = """
 import json, resource, sys, time
 start = time.perf_counter()
 import torch
-from helpers.memory import training_memory
-from helpers.models import count_parameters, transformer_lm
+from helpers.core.memory import training_memory
+from helpers.core.models import count_parameters, transformer_lm
 size, batch, seq, optimizer, amp = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5] == "amp"
 with torch.device("meta"):
     model = transformer_lm(size)

@@ -7,7 +7,7 @@ CPU-bound case, where on few cores workers can only help while a core is idle.
 """
 from __future__ import annotations
 
-from helpers.starvation import starvation_sweep
+from helpers.hardware.starvation import starvation_sweep
 
 from . import BenchResult, Target
 

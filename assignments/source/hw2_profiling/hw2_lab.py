@@ -16,8 +16,8 @@ from PIL import Image
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from helpers.bench import time_once
-from helpers.sequences import PAD, SequenceData, pad_to
+from helpers.core.timing import time_once
+from helpers.training.sequences import PAD, SequenceData, pad_to
 
 # ---------------------------------------------------------------- Part 1: images stored as PNG files
 

@@ -1,0 +1,18 @@
+"""The core every course block builds on: reports, devices, timing, fake tensors, training steps, processes.
+
+Public face of ``helpers.core``; names load on first use (see ``helpers.core.lazy``).
+"""
+from helpers.core.lazy import lazy_exports
+
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    ".report": ["Column", "Report", "format_bytes", "format_seconds"],
+    ".device": ["describe", "gpu_available", "peak_flops", "pick_device", "synchronize"],
+    ".timing": ["Measurement", "time_once", "timeit"],
+    ".launch": ["WorkerError", "WorkerTimeout", "available_cores", "launch"],
+    ".models": ["BasicFCModel", "LeNet", "alexnet_2012", "count_parameters", "transformer_lm"],
+    ".data": ["make_MNIST_loader", "make_encoded_MNIST"],
+    ".train": ["train", "train_on_devices"],
+    ".memory": ["bytes_per_param", "measure_training_memory", "profile_layer_mem", "profile_mem", "training_memory"],
+    ".paths": ["build_dir"],
+    "helpers.core": ["models", "plots"],
+})

@@ -1,0 +1,804 @@
+"""Memory of training: the working set per layer, one whole training step by category, and bytes per parameter.
+
+``training_memory`` runs one training step (forward, loss, backward, optimizer step,
+with the optimizer's state already created) on fake tensors under torch's MemTracker,
+which follows every tensor's storage from birth to death and files it as parameter,
+gradient, optimizer state, activation or temporary. Fake tensors hold no data, so the
+estimate allocates nothing real and accepts meta-device models far bigger than RAM.
+``measure_training_memory`` runs the same step for real, for checking the estimate
+(and, beside MemTracker, reads the allocator itself: torch.profiler's memory events on
+the CPU, ``torch.cuda.max_memory_allocated`` on a GPU).
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import sys
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
+
+import torch
+from torch import nn
+from torch._C._autograd import DeviceType
+from torch.optim.adam import adam
+from torch.utils._foreach_utils import _get_foreach_kernels_supported_devices
+from torch.utils._pytree import tree_flatten
+
+from helpers.core import plots
+from helpers.core.fake import (
+    ExampleInput,
+    Placement,
+    as_example,
+    batch_size_of,
+    explain_fake_failures,
+    fake_copy,
+    fake_inputs,
+    fake_mode,
+    first_device,
+    split_args,
+    tensor_bytes,
+)
+from helpers.core.report import Column, Report, format_bytes
+
+if TYPE_CHECKING:
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+CATEGORIES = ("parameters", "gradients", "optimizer state", "activations", "temporaries", "input")
+PHASES = ("forward", "backward", "optimizer step")
+CUDA_BLOCK = 512  # the CUDA caching allocator rounds every block up to a multiple of 512 bytes
+
+
+# ---------------------------------------------------------------- the step's ingredients
+
+
+def _sgd(params, foreach):
+    return torch.optim.SGD(params, lr=0.01, foreach=foreach)
+
+
+def _sgd_momentum(params, foreach):
+    return torch.optim.SGD(params, lr=0.01, momentum=0.9, foreach=foreach)
+
+
+def _adam(params, foreach):
+    return torch.optim.Adam(params, lr=1e-3, foreach=foreach)
+
+
+OPTIMIZERS: dict[str, Callable] = {"sgd": _sgd, "sgd_momentum": _sgd_momentum, "adam": _adam}
+OptimizerChoice = str | Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+
+
+def default_loss(output: Any) -> torch.Tensor:
+    """The default ``loss_fn``: the sum, in fp32, of every floating-point element the model returns.
+
+    Its gradient is 1 for every output element, so backward runs through the whole
+    network exactly as under any real loss. The loss itself adds only a scalar (and an
+    fp32 copy of a half-precision output); cross-entropy would also keep its
+    log-softmax, one more tensor the size of the output.
+    """
+    leaves = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    if not leaves:
+        raise ValueError("the model returned no floating-point tensor: pass loss_fn=..., a function from its output to a scalar")
+    loss = leaves[0].float().sum()
+    for t in leaves[1:]:
+        loss = loss + t.float().sum()
+    return loss
+
+
+def _torch_default_foreach(params: list[torch.Tensor]) -> bool:
+    """What torch's optimizers choose by default for real tensors on these devices: foreach kernels only on GPUs."""
+    supported = _get_foreach_kernels_supported_devices()
+    return bool(params) and all(p.device.type in supported for p in params)
+
+
+def make_optimizer(optimizer: OptimizerChoice, params: list[nn.Parameter], foreach: bool | None) -> torch.optim.Optimizer:
+    """An optimizer from its name (``OPTIMIZERS``) or from a factory taking the parameters."""
+    if callable(optimizer):
+        return optimizer(params)
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {optimizer!r}; choose one of {sorted(OPTIMIZERS)} or pass a function params -> optimizer")
+    return OPTIMIZERS[optimizer](params, foreach)
+
+
+def autocast_dtype(amp: bool | str | torch.dtype, device_type: str) -> torch.dtype | None:
+    """The dtype autocast runs in for ``amp`` (True: fp16 on GPUs, bf16 on CPUs), or None without AMP."""
+    if amp is False or amp is None:
+        return None
+    if amp is True:
+        return torch.float16 if device_type == "cuda" else torch.bfloat16
+    names = {"fp16": torch.float16, "float16": torch.float16, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
+    if isinstance(amp, torch.dtype) and amp in names.values():
+        return amp
+    if isinstance(amp, str) and amp in names:
+        return names[amp]
+    raise ValueError(f"amp={amp!r} is not understood; use False, True, 'fp16' or 'bf16'")
+
+
+@lru_cache(maxsize=1)
+def _step_tracker_class() -> type:
+    """torch's MemTracker, plus the step's timeline: memory per device and kind after every operator.
+
+    Defined on first use: importing MemTracker loads torch.distributed, about a second.
+    """
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    class StepTracker(MemTracker):
+        def __init__(self):
+            super().__init__()
+            self.phase = "forward"
+            self.timeline: list[tuple[str, dict]] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = super().__torch_dispatch__(func, types, args, kwargs)
+            self.timeline.append((self.phase, self.get_tracker_snapshot()))
+            return out
+
+    return StepTracker
+
+
+def _new_tracker() -> "MemTracker":
+    return _step_tracker_class()()
+
+
+@dataclass
+class _Step:
+    """What one training step needs: the model, its inputs, the optimizer, the loss, the autocast dtype."""
+
+    model: nn.Module
+    args: tuple
+    kwargs: dict
+    optimizer: torch.optim.Optimizer
+    loss_fn: Callable
+    amp_dtype: torch.dtype | None
+
+    @property
+    def device_type(self) -> str:
+        return first_device(self.model).type
+
+    def run(self, tracker: MemTracker | None = None) -> dict[str, int]:
+        """Forward, loss, backward, optimizer step, zero_grad; returns the gradient bytes per device after backward."""
+        self._phase(tracker, "forward")
+        with torch.autocast(self.device_type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
+            loss = self.loss_fn(self.model(*self.args, **self.kwargs))
+        if not (isinstance(loss, torch.Tensor) and loss.numel() == 1):
+            raise ValueError(f"loss_fn must return a scalar tensor, got {type(loss).__name__} {getattr(loss, 'shape', '')}")
+        self._phase(tracker, "backward")
+        loss.backward()
+        del loss
+        grads = _bytes_by_device(p.grad for p in self.model.parameters() if p.grad is not None)
+        self._phase(tracker, "optimizer step")
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return grads
+
+    def create_optimizer_state(self) -> None:
+        """One optimizer step on zero gradients, so the measured step is a steady-state one with its state in place."""
+        for p in self.model.parameters():
+            if p.requires_grad:
+                p.grad = torch.zeros_like(p)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    @staticmethod
+    def _phase(tracker: MemTracker | None, phase: str) -> None:
+        if tracker is not None:
+            tracker.phase = phase
+
+
+def _bytes_by_device(tensors: Iterable[torch.Tensor]) -> dict[str, int]:
+    totals: dict[str, int] = {}
+    for t in tensors:
+        totals[str(t.device)] = totals.get(str(t.device), 0) + tensor_bytes(t)
+    return totals
+
+
+def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """Every tensor the optimizer keeps (moments, master copies, step counters)."""
+    return [v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
+
+
+# ---------------------------------------------------------------- the report
+
+
+@dataclass
+class ModuleRow:
+    module: str
+    parameters: int
+    output: int
+    forward_peak: int
+    backward_peak: int
+
+
+class ModuleMemory(Report):
+    """Per module: its parameters, the output it returns, and the memory in use at its peak in forward and backward."""
+
+    title = "Memory per module (MemTracker)"
+    columns = (
+        Column("module", "module"),
+        Column("parameters", "parameters", format_bytes),
+        Column("output", "output", format_bytes),
+        Column("forward_peak", "peak in its forward", format_bytes),
+        Column("backward_peak", "peak in its backward", format_bytes),
+    )
+
+    def plot(self, ax=None):
+        rows = [r for r in self.rows if r.module != "(whole model)"]
+        ax = plots.grouped_bars(
+            [r.module for r in rows],
+            {"peak in forward": [r.forward_peak for r in rows], "peak in backward": [r.backward_peak for r in rows]},
+            ax,
+            title="Memory in use at each module's peak",
+            ylabel="memory in use",
+        )
+        plots.bytes_axis(ax)
+        return ax
+
+
+def _kind(key: Any) -> str:
+    return getattr(key, "value", key)  # MemTracker keys its categories by an enum whose values are these names
+
+
+def _categorize(snapshot: Mapping, state_bytes: int) -> dict[str, int]:
+    """MemTracker's kinds as the kit's categories; tensors the optimizer makes beyond its state are temporaries."""
+    kinds = {_kind(k): v for k, v in snapshot.items()}
+    optimizer = kinds.get("Optstate", 0)
+    state = min(optimizer, state_bytes)
+    return {
+        "parameters": kinds.get("Parameter", 0) + kinds.get("Buffer", 0),
+        "gradients": kinds.get("Gradient", 0),
+        "optimizer state": state,
+        "activations": kinds.get("Activation", 0),
+        "temporaries": kinds.get("Temp", 0) + optimizer - state,
+        "input": kinds.get("Other", 0),
+    }
+
+
+@dataclass(repr=False, eq=False)
+class TrainingMemory(Report):
+    """Memory of one training step: ``.peak_bytes``, ``.categories`` at the peak, ``.timeline``, ``.modules``.
+
+    With several devices (a model split over GPUs) every figure is per device
+    (``.peak_by_device``, ``.categories_by_device``) and ``.peak_bytes`` is the
+    largest, the one that must fit.
+    """
+
+    model_name: str
+    batch_size: int
+    optimizer: str
+    amp: str
+    source: str
+    param_count: int
+    param_bytes: int
+    grad_bytes: int
+    state_bytes: int
+    peak_by_device: dict[str, int]
+    categories_by_device: dict[str, dict[str, int]]
+    peak_phase_by_device: dict[str, str]
+    timeline: list[tuple[str, dict[str, dict[str, int]]]]
+    modules: ModuleMemory
+    allocator: str | None = None
+    allocator_peak_bytes: int | None = None
+    extra_notes: list[str] = field(default_factory=list)
+
+    def __post_init__(self):
+        self.device = max(self.peak_by_device, key=self.peak_by_device.get)
+        self.peak_bytes = self.peak_by_device[self.device]
+        self.categories = self.categories_by_device[self.device]
+        self.peak_phase = self.peak_phase_by_device[self.device]
+        self.title = f"Training-step memory of {self.model_name}: batch {self.batch_size}, {self.optimizer}, {self.amp} ({self.source})"
+        devices = list(self.peak_by_device)
+        rows = [{"category": c, **{d: self.categories_by_device[d][c] for d in devices}} for c in CATEGORIES]
+        rows.append({"category": "peak", **self.peak_by_device})
+        self.columns = (Column("category", "category"), *(Column(d, f"at the peak on {d}", format_bytes) for d in devices))
+        notes = [
+            f"Peak: {format_bytes(self.peak_bytes)} on {self.device}, during the {self.peak_phase}.",
+            f"Persistent: parameters {format_bytes(self.param_bytes)} ({self.param_count:,}), gradients {format_bytes(self.grad_bytes)}, "
+            f"optimizer state {format_bytes(self.state_bytes)}.",
+        ]
+        if self.allocator_peak_bytes is not None:
+            gap = self.allocator_peak_bytes - self.peak_bytes
+            notes.append(f"The allocator's own peak ({self.allocator}): {format_bytes(self.allocator_peak_bytes)}, "
+                         f"{format_bytes(gap)} more than the tensors: workspaces that kernels allocate internally.")
+        super().__init__(rows, notes + self.extra_notes)
+
+    @property
+    def workspace_bytes(self) -> int | None:
+        """Allocator peak minus tensor peak (measured steps only): memory no tensor accounts for."""
+        return None if self.allocator_peak_bytes is None else self.allocator_peak_bytes - self.peak_bytes
+
+    def plot(self, ax=None, device: str | None = None):
+        """Memory by category over the step, operator by operator, with the phases marked."""
+        device = device or self.device
+        series = [(phase, snap.get(device, dict.fromkeys(CATEGORIES, 0))) for phase, snap in self.timeline]
+        x = list(range(len(series)))
+        parts = {c: [s[c] for _, s in series] for c in CATEGORIES}
+        spans, start = [], 0
+        for i in range(1, len(series) + 1):
+            if i == len(series) or series[i][0] != series[start][0]:
+                spans.append((start, i - 1, series[start][0]))
+                start = i
+        ax = plots.stacked_area(x, parts, ax, spans=spans, title=f"{self.model_name}: memory through one training step",
+                                xlabel="operator, in execution order", ylabel=f"memory on {device}")
+        plots.bytes_axis(ax)
+        plots.horizontal_line(ax, self.peak_by_device[device], f"peak {format_bytes(self.peak_by_device[device])}")
+        return ax
+
+
+def _module_rows(tracker: MemTracker) -> list[ModuleRow]:
+    rows = []
+    for stats in tracker.memory_tracking.values():
+        root, _, rest = stats.mod_fqn.partition(".")
+        peaks = {}
+        for state in ("Peak-Forward", "Peak-Backward"):
+            snaps = [snap for key, snaps in stats.snapshots.items() if _kind(key) == state for snap in snaps]
+            peaks[state] = max((dev["Total"] for snap in snaps for dev in snap.values()), default=0)
+        rows.append(ModuleRow(rest or "(whole model)", stats.parameter_mem, getattr(stats, "output_mem", 0),
+                              peaks["Peak-Forward"], peaks["Peak-Backward"]))
+    return rows
+
+
+def _report(step: _Step, tracker: MemTracker, grads: dict[str, int], state_at_start: dict[str, int], *,
+            model_name: str, batch_size: int, optimizer: OptimizerChoice, amp: str, source: str, **extra) -> TrainingMemory:
+    timeline = [(phase, {str(d): _categorize(s, state_at_start.get(str(d), 0)) for d, s in snap.items()}) for phase, snap in tracker.timeline]
+    peak_by_device: dict[str, int] = {}
+    categories_by_device: dict[str, dict[str, int]] = {}
+    phase_by_device: dict[str, str] = {}
+    for device, snap in tracker.get_tracker_snapshot("peak").items():
+        name = str(device)
+        peak_by_device[name] = snap["Total"]
+        categories_by_device[name] = _categorize(snap, state_at_start.get(name, 0))
+    for name, peak in peak_by_device.items():
+        phase_by_device[name] = next((phase for phase, snap in timeline if name in snap and sum(snap[name].values()) == peak), "forward")
+    params = list(step.model.parameters())
+    return TrainingMemory(
+        model_name=model_name,
+        batch_size=batch_size,
+        optimizer=optimizer if isinstance(optimizer, str) else getattr(optimizer, "__name__", "custom optimizer"),
+        amp=amp,
+        source=source,
+        param_count=sum(p.numel() for p in params),
+        param_bytes=sum(tensor_bytes(p) for p in params) + sum(tensor_bytes(b) for b in step.model.buffers()),
+        grad_bytes=sum(grads.values()),
+        state_bytes=sum(state_at_start.values()),
+        peak_by_device=peak_by_device,
+        categories_by_device=categories_by_device,
+        peak_phase_by_device=phase_by_device,
+        timeline=timeline,
+        modules=ModuleMemory(_module_rows(tracker)),
+        **extra,
+    )
+
+
+def _amp_label(amp_dtype: torch.dtype | None, dtype: torch.dtype | None = None) -> str:
+    if amp_dtype is not None:
+        return f"AMP ({str(amp_dtype).replace('torch.', '')} autocast)"
+    return str(dtype or torch.float32).replace("torch.", "")
+
+
+# ---------------------------------------------------------------- estimate and measurement
+
+
+def training_memory(
+    model: nn.Module,
+    example_input: ExampleInput | tuple[int, ...],
+    optimizer: OptimizerChoice = "sgd",
+    loss_fn: Callable | None = None,
+    amp: bool | str = False,
+    *,
+    device: Placement = None,
+    dtype: torch.dtype | None = None,
+) -> TrainingMemory:
+    """Estimate the memory of one whole training step of ``model`` on ``example_input``, allocating nothing real.
+
+    The step is forward, ``loss_fn(output)`` (default: ``default_loss``, the fp32 sum of
+    the output), backward, ``optimizer.step()`` and ``zero_grad``, with the optimizer's
+    state created beforehand (a steady-state step). ``optimizer`` is "sgd",
+    "sgd_momentum", "adam" or a function from parameters to an optimizer; ``amp`` runs
+    forward under autocast (True: fp16 on GPUs, bf16 on CPUs). ``device`` places the
+    model (default: where it is; meta means CPU), or maps module-name prefixes to
+    devices for a model split over several; ``dtype`` casts parameters and inputs (pure
+    low precision). Works on meta-device models and inputs; the model is not changed.
+    """
+    example = as_example(model, example_input)
+    mode = fake_mode()
+    fake_model = fake_copy(model, mode, device, dtype).train()
+    _check_devices_exist(fake_model)
+    input_device = first_device(fake_model)
+    args, kwargs = fake_inputs(example, mode, input_device, dtype)
+    amp_dtype = autocast_dtype(amp, input_device.type)
+    with mode, explain_fake_failures(model):
+        params = [p for p in fake_model.parameters() if p.requires_grad]
+        step = _Step(fake_model, args, kwargs, make_optimizer(optimizer, params, foreach=_torch_default_foreach(params)),
+                     loss_fn or default_loss, amp_dtype)
+        step.create_optimizer_state()
+        state = _bytes_by_device(optimizer_state_tensors(step.optimizer))
+        tracker = _new_tracker()
+        tracker.track_external(fake_model, step.optimizer, *args, *kwargs.values())
+        with tracker:
+            grads = step.run(tracker)
+    return _report(step, tracker, grads, state, model_name=type(model).__name__, batch_size=batch_size_of(example),
+                   optimizer=optimizer, amp=_amp_label(amp_dtype, dtype), source="estimate on fake tensors",
+                   extra_notes=_known_gaps(model, input_device))
+
+
+def _known_gaps(model: nn.Module, device: torch.device) -> list[str]:
+    """Where fake execution is known to miss memory the real kernels take."""
+    if device.type == "cpu" and any(isinstance(m, nn.RNNBase) for m in model.modules()):
+        return ["Recurrent layers on the CPU run in oneDNN, which sizes its workspace (kept for backward) only when it runs: "
+                "this estimate leaves it out, so a real step needs more. Check with measure_training_memory on a small batch."]
+    return []
+
+
+def _check_devices_exist(model: nn.Module) -> None:
+    """Autograd needs a real CUDA context even for fake CUDA tensors, so CUDA placements need a visible GPU."""
+    if any(p.device.type == "cuda" for p in model.parameters()) and not torch.cuda.is_available():
+        raise ValueError(
+            "device='cuda' needs a visible GPU even for an estimate (autograd opens a CUDA context). Estimate on the "
+            "CPU instead: tensor sizes are the same; to mimic a GPU's optimizer, pass a factory with foreach=True."
+        )
+
+
+def _real_inputs(example: ExampleInput, device: torch.device) -> tuple[tuple, dict]:
+    """Real tensors for a measurement: given ones as they are, meta ones filled with random values."""
+
+    def real(t: torch.Tensor) -> torch.Tensor:
+        if t.device.type != "meta":
+            return t.to(device)
+        if t.is_floating_point():
+            return torch.randn(t.shape, dtype=t.dtype, device=device)
+        return torch.zeros(t.shape, dtype=t.dtype, device=device)
+
+    args, kwargs = split_args(example)
+    return tuple(real(a) for a in args), {k: real(v) for k, v in kwargs.items()}
+
+
+def _live_bytes(tensors: Iterable[torch.Tensor], device: torch.device) -> int:
+    """Bytes of the distinct storages behind ``tensors`` on ``device``, rounded as its allocator rounds blocks."""
+    storages = {}
+    for t in tensors:
+        if t.device == device or (t.device.type == device.type == "cpu"):
+            storage = t.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+    if device.type == "cuda":
+        return sum(-(-n // CUDA_BLOCK) * CUDA_BLOCK for n in storages.values())
+    return sum(storages.values())
+
+
+@contextlib.contextmanager
+def _quiet_native_stderr():
+    """Silence what C++ libraries print straight to file descriptor 2 (the profiler's start/stop lines)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+class _AllocatorPeak:
+    """The allocator's peak during a block, counting ``baseline`` bytes of tensors live when it starts.
+
+    CPU: torch.profiler's memory events (every allocation and free through torch's CPU
+    allocator, including buffers kernels allocate internally); what the profiler prints
+    straight to file descriptor 2 during the block (e.g. frees of blocks allocated before
+    it started) is silenced. CUDA:
+    ``torch.cuda.max_memory_allocated``, less what was allocated beforehand and is not
+    part of the step (e.g. cuBLAS workspaces, other models).
+    """
+
+    def __init__(self, device: torch.device, baseline: int):
+        self.device, self.baseline = device, baseline
+        self.peak: int | None = None
+        self.source = "torch.cuda.max_memory_allocated" if device.type == "cuda" else "torch.profiler CPU memory events"
+
+    def __enter__(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            self.untracked = torch.cuda.memory_allocated(self.device) - self.baseline
+            torch.cuda.reset_peak_memory_stats(self.device)
+        else:
+            self.profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
+            self.quiet = _quiet_native_stderr()
+            self.quiet.__enter__()
+            try:
+                self.profiler.__enter__()
+            except BaseException:
+                self.quiet.__exit__(None, None, None)
+                raise
+        return self
+
+    def __exit__(self, *exc):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            self.peak = torch.cuda.max_memory_allocated(self.device) - self.untracked
+            return False
+        try:
+            self.profiler.__exit__(*exc)
+        finally:
+            self.quiet.__exit__(None, None, None)
+        events = [e for e in self.profiler.profiler.kineto_results.events() if e.name() == "[memory]" and e.device_type() == DeviceType.CPU]
+        live = highest = 0
+        for event in sorted(events, key=lambda e: e.start_ns()):
+            live += event.nbytes()
+            highest = max(highest, live)
+        self.peak = self.baseline + highest
+        return False
+
+
+def measure_training_memory(
+    model: nn.Module,
+    example_input: ExampleInput | tuple[int, ...],
+    optimizer: OptimizerChoice = "sgd",
+    loss_fn: Callable | None = None,
+    amp: bool | str = False,
+) -> TrainingMemory:
+    """Run one real training step (as ``training_memory`` describes it) and measure its memory.
+
+    Works on a copy of ``model``, so its weights do not change. A full warm-up step
+    creates the optimizer's state; the next step is measured by MemTracker (tensors, by
+    category) and by the allocator (``.allocator_peak_bytes``; see ``_AllocatorPeak``).
+    """
+    if any(t.device.type == "meta" for t in (*model.parameters(), *model.buffers())):
+        raise ValueError("measure_training_memory runs a real step, so the model must hold real weights (not on the meta device); use training_memory")
+    real_model = copy.deepcopy(model).train()
+    device = first_device(real_model)
+    example = as_example(model, example_input)
+    args, kwargs = _real_inputs(example, device)
+    amp_dtype = autocast_dtype(amp, device.type)
+    params = [p for p in real_model.parameters() if p.requires_grad]
+    step = _Step(real_model, args, kwargs, make_optimizer(optimizer, params, foreach=None), loss_fn or default_loss, amp_dtype)
+    step.run()  # warm-up: creates the optimizer's state (and, on a GPU, cuBLAS workspaces)
+    state = _bytes_by_device(optimizer_state_tensors(step.optimizer))
+    tracker = _new_tracker()
+    tracker.track_external(real_model, step.optimizer, *args, *kwargs.values())
+    baseline = _live_bytes([*real_model.parameters(), *real_model.buffers(), *optimizer_state_tensors(step.optimizer), *args, *kwargs.values()], device)
+    allocator = _AllocatorPeak(device, baseline) if device.type in ("cpu", "cuda") else None
+    with allocator or contextlib.nullcontext(), tracker:
+        grads = step.run(tracker)
+    return _report(step, tracker, grads, state, model_name=type(model).__name__, batch_size=batch_size_of(example),
+                   optimizer=optimizer, amp=_amp_label(amp_dtype), source=f"measured: one real step on {device}",
+                   allocator=allocator.source if allocator else None, allocator_peak_bytes=allocator.peak if allocator else None)
+
+
+# ---------------------------------------------------------------- working sets per layer
+
+
+@dataclass
+class LayerMemRow:
+    layer: str
+    type: str
+    inputs: int
+    weights: int
+    outputs: int
+    weight_gradients: int = 0
+    output_gradients: int = 0
+    output_shape: tuple = ()
+
+    @property
+    def total(self) -> int:
+        return self.inputs + self.weights + self.outputs + self.weight_gradients + self.output_gradients
+
+
+WORKING_SET_PARTS = {"inference": ("inputs", "weights", "outputs"),
+                     "training": ("inputs", "weights", "outputs", "weight_gradients", "output_gradients")}
+
+
+class LayerMemory(Report):
+    """Each layer's working set: the bytes of its inputs, weights and outputs (training: and their gradients)."""
+
+    def __init__(self, rows: list[LayerMemRow], mode: str, model_name: str, input_shapes: list[tuple]):
+        self.mode, self.model_name, self.parts = mode, model_name, WORKING_SET_PARTS[mode]
+        self.largest = max(rows, key=lambda r: r.total)
+        self.title = f"Working set per layer of {model_name} ({mode}, input {', '.join(map(str, input_shapes))})"
+        self.columns = (Column("layer", "layer"), Column("type", "type"),
+                        *(Column(p, p.replace("_", " "), format_bytes) for p in self.parts),
+                        Column("total", "working set", format_bytes))
+        notes = [f"Largest working set: {self.largest.layer} ({self.largest.type}), {format_bytes(self.largest.total)}."]
+        super().__init__(rows, notes)
+
+    def plot(self, ax=None):
+        short = [r.layer.rsplit(".", 1)[-1] for r in self.rows]
+        names = short if len(set(short)) == len(short) else [r.layer for r in self.rows]
+        ax = plots.stacked_bars(names, {p.replace("_", " "): [getattr(r, p) for r in self.rows] for p in self.parts},
+                                ax, title=f"{self.model_name}: working set per layer ({self.mode})", ylabel="working set")
+        plots.bytes_axis(ax)
+        return ax
+
+
+def _storage_id(t: torch.Tensor) -> int:
+    return t.untyped_storage()._cdata
+
+
+def _layer_rows(model: nn.Module, shape: Any, mode: str) -> tuple[list[LayerMemRow], list[tuple], ExampleInput]:
+    """One forward pass on fake tensors, recording each leaf layer's input, weight and output bytes."""
+    if mode not in WORKING_SET_PARTS:
+        raise ValueError(f"mode must be 'inference' or 'training', got {mode!r}")
+    example = as_example(model, shape)
+    mode_ = fake_mode()
+    fake_model = fake_copy(model, mode_).train(mode == "training")
+    args, kwargs = fake_inputs(example, mode_, first_device(fake_model))
+    rows: list[LayerMemRow] = []
+
+    def record(name: str, module: nn.Module, inputs, output) -> None:
+        ins = [t for t in tree_flatten(inputs)[0] if isinstance(t, torch.Tensor)]
+        read = {_storage_id(t) for t in ins}
+        # an in-place layer (ReLU(inplace=True)) writes over its input: its output takes no memory of its own
+        outs = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor) and _storage_id(t) not in read]
+        out_bytes = sum(tensor_bytes(t) for t in outs)
+        training = mode == "training"
+        rows.append(LayerMemRow(
+            name, type(module).__name__,
+            inputs=sum(tensor_bytes(t) for t in ins),
+            weights=sum(tensor_bytes(t) for t in (*module.parameters(), *module.buffers())),
+            outputs=out_bytes,
+            weight_gradients=sum(tensor_bytes(p) for p in module.parameters() if p.requires_grad) if training else 0,
+            output_gradients=sum(tensor_bytes(t) for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor)) if training else 0,
+            output_shape=tuple(output.shape) if isinstance(output, torch.Tensor) else (),
+        ))
+
+    leaves = [(name, m) for name, m in fake_model.named_modules() if not any(True for _ in m.children())]
+    handles = [m.register_forward_hook(lambda mod, i, o, name=name: record(name, mod, i, o)) for name, m in leaves]
+    try:
+        with mode_, torch.no_grad(), explain_fake_failures(model, "profiled"):
+            fake_model(*args, **kwargs)
+    finally:
+        for h in handles:
+            h.remove()
+    if not rows:
+        raise ValueError(f"{type(model).__name__} ran no layers (modules) in its forward; nothing to profile")
+    args_, kwargs_ = split_args(example)
+    return rows, [tuple(t.shape) for t in (*args_, *kwargs_.values())], example
+
+
+def profile_layer_mem(model: nn.Module, shape: Any = None, mode: str = "inference") -> LayerMemory:
+    """Per layer, the bytes of its inputs, weights and outputs (``mode="training"`` adds weight and output gradients).
+
+    ``shape`` is the input's shape (batch first) or example input tensors; by default one
+    sample of ``model.input_shape``. Runs on fake tensors: no memory, meta models welcome.
+    """
+    rows, shapes, _ = _layer_rows(model, shape, mode)
+    return LayerMemory(rows, mode, type(model).__name__, shapes)
+
+
+class MemoryShares(Report):
+    """The shares of input, parameters, activations (and gradients) in a model's memory, by count of tensors."""
+
+    columns = (Column("part", "part"), Column("bytes", "bytes", format_bytes), Column("share", "share (%)", ".1f"))
+
+    def __init__(self, shares: dict[str, int], mode: str, model_name: str):
+        self.shares, self.mode, self.model_name = shares, mode, model_name
+        self.total = sum(shares.values())
+        self.title = f"Memory of {model_name} by part ({mode})"
+        rows = [{"part": k, "bytes": v, "share": 100 * v / self.total} for k, v in shares.items()]
+        notes = ["Activations = every layer's output, each counted once; a count of tensors, not a peak "
+                 "(training_memory measures the peak of a real training step)."]
+        super().__init__(rows, notes)
+
+    def plot(self, ax=None):
+        return plots.pie_chart(self.shares, ax, title=f"{self.model_name}: memory by part ({self.mode})")
+
+
+def profile_mem(model: nn.Module, shape: Any = None, mode: str = "inference") -> MemoryShares:
+    """Shares of input, parameters and activations (``mode="training"``: and parameter gradients), as a pie chart."""
+    rows, _, example = _layer_rows(model, shape, mode)
+    args, kwargs = split_args(example)
+    params = [p for p in model.parameters()]
+    shares = {
+        "input": sum(tensor_bytes(t) for t in (*args, *kwargs.values())),
+        "parameters": sum(tensor_bytes(p) for p in params) + sum(tensor_bytes(b) for b in model.buffers()),
+        "activations": sum(r.outputs for r in rows),
+    }
+    if mode == "training":
+        shares["gradients"] = sum(tensor_bytes(p) for p in params if p.requires_grad)
+    return MemoryShares(shares, mode, type(model).__name__)
+
+
+# ---------------------------------------------------------------- bytes per parameter
+
+
+class MasterWeightAdam(torch.optim.Optimizer):
+    """Adam on fp32 master copies of the parameters (the apex "O2" / Megatron layout for half-precision models).
+
+    The model holds (possibly fp16/bf16) weights and gets gradients of the same type; the
+    update runs on fp32 masters, with fp32 moments, and the result is copied back into the
+    model after every step. ``master_device`` keeps masters and moments elsewhere (e.g. the
+    host: see ``helpers.distributed.offload.OffloadedAdam``); by default they sit beside each parameter.
+    """
+
+    def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 master_device: str | torch.device | None = None):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps))
+        self.master_device = None if master_device is None else torch.device(master_device)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                home, state = self.master_device or p.device, self.state[p]
+                if not state:
+                    master = p.detach().to(home, torch.float32, copy=True)
+                    state.update(step=torch.tensor(0.0), master=master,  # a scalar tensor, as torch.optim.Adam keeps it
+                                 exp_avg=torch.zeros_like(master), exp_avg_sq=torch.zeros_like(master))
+                grad = p.grad.to(home, torch.float32)  # device -> host when the masters are elsewhere
+                adam([state["master"]], [grad], [state["exp_avg"]], [state["exp_avg_sq"]], [], [state["step"]], foreach=False,
+                     amsgrad=False, beta1=beta1, beta2=beta2, lr=group["lr"], weight_decay=0.0, eps=group["eps"], maximize=False)
+                p.copy_(state["master"])  # and back, into the model's own dtype
+
+
+@dataclass
+class BytesPerParamRow:
+    setup: str
+    label: str  # short, for the chart
+    weights: int
+    master_weights: int
+    gradients: int
+    optimizer_state: int
+    theory: int
+    measured: float
+
+
+class BytesPerParam(Report):
+    """Bytes each parameter costs in training, by setup: theory, and ``training_memory`` on a real model."""
+
+    title = "Bytes per parameter in training"
+    columns = (
+        Column("setup", "setup"),
+        Column("weights", "weights"),
+        Column("master_weights", "fp32 master"),
+        Column("gradients", "gradients"),
+        Column("optimizer_state", "optimizer state"),
+        Column("theory", "total"),
+        Column("measured", "measured", ".2f"),
+    )
+
+    def row(self, setup_prefix: str) -> BytesPerParamRow:
+        return next(r for r in self.rows if r.setup.startswith(setup_prefix))
+
+    def plot(self, ax=None):
+        parts = {"weights": [r.weights for r in self.rows], "fp32 master weights": [r.master_weights for r in self.rows],
+                 "gradients": [r.gradients for r in self.rows], "optimizer state": [r.optimizer_state for r in self.rows]}
+        return plots.stacked_bars([r.label for r in self.rows], parts, ax, title=self.title, ylabel="bytes per parameter")
+
+
+def bytes_per_param(model: nn.Module | None = None, example_input: Any = None) -> BytesPerParam:
+    """Bytes per parameter for fp32 SGD, SGD with momentum, Adam, and mixed-precision Adam in two layouts.
+
+    Mixed precision saves nothing per parameter (16 B, like fp32 Adam): the fp16 weights
+    and gradients are joined by an fp32 master copy, or (torch.autocast) the weights stay
+    fp32 and the half copies live only as activations. Its savings are in activations.
+    The "measured" column is (parameters + gradients + optimizer state) / parameters from
+    ``training_memory`` on ``model`` (default: LeNet).
+    """
+    from helpers.core.models import LeNet
+
+    model = model if model is not None else LeNet()
+    example = as_example(model, example_input)
+    setups = [
+        ("fp32, SGD", "SGD", (4, 0, 4, 0), dict(optimizer="sgd")),
+        ("fp32, SGD with momentum", "SGD+momentum", (4, 0, 4, 4), dict(optimizer="sgd_momentum")),
+        ("fp32, Adam", "Adam", (4, 0, 4, 8), dict(optimizer="adam")),
+        ("mixed precision, Adam, fp32 master copy", "AMP Adam\n(master copy)", (2, 4, 2, 8), dict(optimizer=MasterWeightAdam, dtype=torch.float16)),
+        ("mixed precision, Adam, torch.autocast", "AMP Adam\n(autocast)", (4, 0, 4, 8), dict(optimizer="adam", amp=True)),
+    ]
+    rows, count = [], sum(p.numel() for p in model.parameters())
+    if not count:
+        raise ValueError(f"{type(model).__name__} has no parameters")
+    for name, label, (weights, master, grads, state), kwargs in setups:
+        report = training_memory(model, example, **kwargs)
+        measured = (report.param_bytes + report.grad_bytes + report.state_bytes) / count
+        rows.append(BytesPerParamRow(name, label, weights, master, grads, state, weights + master + grads + state, measured))
+    notes = [
+        "Mixed precision saves nothing per parameter: with a master copy, fp16 weights (2 B) and gradients (2 B) come "
+        "with an fp32 copy (4 B) for the update; torch.autocast keeps fp32 weights and gradients and makes half "
+        "copies of the weights in every forward, held as activations. The savings are in the activations.",
+        f"Measured on {type(model).__name__} ({count:,} parameters) with training_memory: "
+        "(parameters + gradients + optimizer state) / parameters; there the fp32 master copy is optimizer state.",
+    ]
+    return BytesPerParam(rows, notes)

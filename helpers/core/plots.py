@@ -1,0 +1,296 @@
+"""Every chart in the kit, in one style: same sizes, fonts, grid and colours for the same things.
+
+Reports call these functions from their ``plot()`` methods; notebooks rarely
+need matplotlib directly.
+"""
+from __future__ import annotations
+
+import math
+from typing import Mapping, Sequence
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.ticker import FuncFormatter, MaxNLocator
+
+STYLE = {
+    "figure.figsize": (7.0, 4.2),
+    "figure.dpi": 100,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.titlesize": 12,
+    "axes.titleweight": "bold",
+    "axes.labelsize": 10,
+    "legend.fontsize": 9,
+    "legend.frameon": False,
+    "lines.linewidth": 2.0,
+    "lines.markersize": 5,
+}
+
+# Fixed colours for the things the kit compares most, so a chart reads the same everywhere.
+NAMED_COLORS = {
+    "cpu": "#1f77b4",
+    "cuda": "#2ca02c",
+    "gpu": "#2ca02c",
+    "pageable": "#d62728",
+    "pinned": "#2ca02c",
+    "host copy": "#1f77b4",
+    "input": "#9467bd",
+    "inputs": "#9467bd",
+    "weights": "#ff7f0e",
+    "parameters": "#ff7f0e",
+    "outputs": "#1f77b4",
+    "activations": "#1f77b4",
+    "gradients": "#d62728",
+    "weight gradients": "#d62728",
+    "output gradients": "#e377c2",
+    "optimizer state": "#8c564b",
+    "temporaries": "#7f7f7f",
+    "wrong": "#d62728",
+    "right": "#2ca02c",
+    "waiting": "#d62728",
+    "computing": "#2ca02c",
+    "cuda context": "#bcbd22",
+    "convolution workspace": "#17becf",
+    "allocator fragmentation": "#c7c7c7",
+}
+CYCLE = ["#1f77b4", "#2ca02c", "#ff7f0e", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
+
+
+def apply_style() -> None:
+    """Install the kit's matplotlib defaults (called on import)."""
+    plt.rcParams.update(STYLE)
+
+
+def color_for(label: str, index: int = 0) -> str:
+    """The colour of a named thing ('cpu', 'pinned', 'weights', ...), else the index-th cycle colour."""
+    key = label.lower()
+    for name, color in NAMED_COLORS.items():
+        if key == name or key.startswith(name + " "):
+            return color
+    return CYCLE[index % len(CYCLE)]
+
+
+def new_axes(ax=None, *, title: str = "", xlabel: str = "", ylabel: str = "", logx: bool = False, logy: bool = False):
+    """Return ``ax`` (or a fresh one) with the title, labels and log scales set."""
+    if ax is None:
+        _, ax = plt.subplots()
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if logx:
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(FuncFormatter(_plain_number))
+    if logy:
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(FuncFormatter(_plain_number))
+    return ax
+
+
+def _plain_number(value: float, _position=None) -> str:
+    """Tick labels as plain numbers (1,024 rather than 2^10 or 1e3)."""
+    return f"{value:,.0f}" if value >= 1 else f"{value:g}"
+
+
+def line_chart(series: Mapping[str, tuple[Sequence[float], Sequence[float]]], ax=None, *, styles: Mapping[str, str] | None = None, **labels):
+    """One line with markers per named series of (x, y); ``styles`` maps a name to a line style."""
+    ax = new_axes(ax, **labels)
+    for i, (name, (x, y)) in enumerate(series.items()):
+        ax.plot(x, y, marker="o", label=name, color=color_for(name, i), linestyle=(styles or {}).get(name, "-"))
+    if len(series) > 1:
+        ax.legend()
+    return ax
+
+
+def grouped_bars(categories: Sequence[str], groups: Mapping[str, Sequence[float]], ax=None, **labels):
+    """Side-by-side bars: one group of bars per category, one bar per named group."""
+    ax = new_axes(ax, **labels)
+    width = 0.8 / max(len(groups), 1)
+    for i, (name, values) in enumerate(groups.items()):
+        xs = [c + (i - (len(groups) - 1) / 2) * width for c in range(len(categories))]
+        ax.bar(xs, values, width=width, label=name, color=color_for(name, i))
+    ax.set_xticks(range(len(categories)), categories, rotation=30 if len(categories) > 6 else 0, ha="right" if len(categories) > 6 else "center")
+    ax.legend()
+    return ax
+
+
+def stacked_bars(categories: Sequence[str], parts: Mapping[str, Sequence[float]], ax=None, **labels):
+    """One bar per category, stacked from the named parts (e.g. inputs, weights, outputs)."""
+    ax = new_axes(ax, **labels)
+    bottom = [0.0] * len(categories)
+    for i, (name, values) in enumerate(parts.items()):
+        ax.bar(range(len(categories)), values, bottom=bottom, label=name, color=color_for(name, i))
+        bottom = [b + v for b, v in zip(bottom, values)]
+    ax.set_xticks(range(len(categories)), categories, rotation=45 if len(categories) > 6 else 0, ha="right" if len(categories) > 6 else "center")
+    ax.legend()
+    return ax
+
+
+def pie_chart(shares: Mapping[str, float], ax=None, *, title: str = ""):
+    """A pie of named shares, labelled with percentages; zero shares are left out."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(5, 5))
+    items = [(k, v) for k, v in shares.items() if v > 0]
+    ax.pie(
+        [v for _, v in items],
+        labels=[k for k, _ in items],
+        colors=[color_for(k, i) for i, (k, _) in enumerate(items)],
+        autopct="%1.1f%%",
+        startangle=90,
+        counterclock=False,
+    )
+    ax.set_title(title)
+    ax.axis("equal")
+    return ax
+
+
+def horizontal_line(ax, y: float, label: str, color: str = "black") -> None:
+    """A dashed reference line (a limit, a peak) with its label at the right end."""
+    ax.axhline(y, linestyle="--", color=color, linewidth=1.2)
+    ax.annotate(label, xy=(1.0, y), xycoords=("axes fraction", "data"), ha="right", va="bottom", fontsize=9, color=color)
+
+
+def vertical_line(ax, x: float, label: str, color: str = "black") -> None:
+    """A dashed vertical reference line (a cache size, a limit) with its label written along it near the top."""
+    ax.axvline(x, linestyle="--", color=color, linewidth=1.0, alpha=0.7)
+    ax.annotate(label, xy=(x, 1.0), xycoords=("data", "axes fraction"), xytext=(3, -4), textcoords="offset points", rotation=90, ha="left", va="top", fontsize=8, color=color)
+
+
+def grid_heatmap(grid, ax=None, *, title: str = "", idle: int | None = None, xlabel: str = "", ylabel: str = ""):
+    """A 2-D grid of small integers as coloured cells, each labelled with its value; cells equal to ``idle`` are grey."""
+    values = np.asarray(grid)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(5, 5))
+    masked = np.ma.masked_equal(values, idle) if idle is not None else np.ma.asarray(values)
+    ax.imshow(masked, cmap=plt.get_cmap("viridis").with_extremes(bad="#e0e0e0"), aspect="equal")
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(False)
+    if values.size <= 400:
+        for (r, c), v in np.ndenumerate(values):
+            if idle is None or v != idle:
+                ax.text(c, r, str(v), ha="center", va="center", fontsize=8, color="white")
+    ax.set_xticks(range(values.shape[1]))
+    ax.set_yticks(range(values.shape[0]))
+    return ax
+
+
+def gantt(lanes: Mapping[str, Sequence[tuple[float, float, str, str]]], ax=None, *, title: str = "", xlabel: str = ""):
+    """One horizontal lane per name (a pipeline stage, a worker), top to bottom; each (start, end, text, kind) a labelled box
+    coloured by its kind (e.g. forward, backward), with one legend entry per kind."""
+    ax = new_axes(ax, title=title, xlabel=xlabel)
+    kinds: dict[str, str] = {}
+    names = list(lanes)
+    for row, name in enumerate(names):
+        for start, end, text, kind in lanes[name]:
+            color = kinds.setdefault(kind, color_for(kind, len(kinds)))
+            ax.barh(row, end - start, left=start, height=0.8, color=color, edgecolor="white", linewidth=0.8)
+            ax.text((start + end) / 2, row, text, ha="center", va="center", fontsize=7, color="white", clip_on=True)
+    ax.set_yticks(range(len(names)), names)
+    ax.invert_yaxis()
+    ax.grid(axis="y", visible=False)
+    ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=c) for c in kinds.values()], labels=list(kinds), loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return ax
+
+
+apply_style()
+
+
+# ---------------------------------------------------------------- memory charts (helpers.core.memory, helpers.hardware.alexnet)
+
+
+class _BinaryLocator(MaxNLocator):
+    """Ticks at round numbers of the binary unit (KiB, MiB, GiB) that suits the axis's range."""
+
+    def tick_values(self, vmin, vmax):
+        unit = 1024 ** max(0, min(4, int(math.log(max(abs(vmin), abs(vmax), 1), 1024))))
+        return super().tick_values(vmin / unit, vmax / unit) * unit
+
+
+def bytes_axis(ax, axis: str = "y") -> None:
+    """Ticks at round binary sizes, labelled as such (512 MiB, 1.5 GiB)."""
+    from helpers.core.report import format_bytes
+
+    target = ax.yaxis if axis == "y" else ax.xaxis
+    target.set_major_locator(_BinaryLocator(nbins=6, steps=[1, 2, 2.5, 4, 5, 10]))
+    target.set_major_formatter(FuncFormatter(lambda value, _pos: _short_bytes(value, format_bytes)))
+
+
+def _short_bytes(value: float, format_bytes) -> str:
+    """'1.50 GiB' -> '1.5 GiB', '512.00 MiB' -> '512 MiB'."""
+    if not value:
+        return "0"
+    number, unit = format_bytes(value).split(" ")
+    return f"{float(number):g} {unit}"
+
+
+def stacked_area(x: Sequence[float], parts: Mapping[str, Sequence[float]], ax=None, *, spans: Sequence[tuple[float, float, str]] = (), **labels):
+    """Named parts stacked over ``x`` (e.g. memory by category over a training step); ``spans`` shade labelled x ranges."""
+    ax = new_axes(ax, **labels)
+    names = [n for n, v in parts.items() if any(v)]
+    ax.stackplot(x, *[parts[n] for n in names], labels=names, colors=[color_for(n, i) for i, n in enumerate(names)], alpha=0.85)
+    for i, (start, end, label) in enumerate(spans):
+        if i % 2:
+            ax.axvspan(start, end, color="black", alpha=0.05, linewidth=0)
+        ax.annotate(label, xy=((start + end) / 2, 0.99), xycoords=("data", "axes fraction"), ha="center", va="top", fontsize=9, style="italic")
+    ax.set_ylim(top=ax.get_ylim()[1] * 1.12)  # room for the span labels
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return ax
+
+
+def measured_and_model(measured: Mapping[str, tuple[Sequence[float], Sequence[float]]],
+                       model: Mapping[str, tuple[Sequence[float], Sequence[float]]], ax=None, **labels):
+    """Measured series as solid lines with markers; each model series (same name) dashed in the same colour."""
+    ax = new_axes(ax, **labels)
+    for i, (name, (x, y)) in enumerate(measured.items()):
+        color = color_for(name, i)
+        ax.plot(x, y, marker="o", label=f"{name} (measured)", color=color)
+        if name in model:
+            mx, my = model[name]
+            ax.plot(mx, my, linestyle="--", label=f"{name} (model)", color=color)
+    ax.legend()
+    return ax
+
+
+def log2_ranges(ranges: Mapping[str, tuple[float, float, float]], ax=None, **labels):
+    """One horizontal bar per named number format: thin from its smallest subnormal, thick from its smallest normal to its largest."""
+    ax = new_axes(ax, **labels)
+    names = list(ranges)
+    for i, name in enumerate(names):
+        subnormal, normal, largest = (math.log2(v) for v in ranges[name])
+        color = color_for(name, i)
+        ax.plot([subnormal, normal], [i, i], color=color, linewidth=2, alpha=0.6)
+        ax.plot([normal, largest], [i, i], color=color, linewidth=8, solid_capstyle="butt")
+    ax.set_yticks(range(len(names)), names)
+    ax.invert_yaxis()
+    return ax
+
+
+def log2_histogram(values: Sequence[float], marks: Mapping[str, float] | None = None, ax=None, bins: int = 60, **labels):
+    """A histogram of values already on a log2 scale, with dashed vertical lines at the named ``marks``."""
+    ax = new_axes(ax, **labels)
+    ax.hist(values, bins=bins, color=CYCLE[0], alpha=0.8)
+    for i, (name, x) in enumerate((marks or {}).items()):
+        ax.axvline(x, linestyle="--", linewidth=1.2, color=CYCLE[(i + 3) % len(CYCLE)], label=name)
+    if marks:
+        ax.legend()
+    return ax
+
+
+def horizontal_bars(names: Sequence[str], values: Sequence[float], ax=None, **labels):
+    """One horizontal bar per name, the first on top, each in its own cycle colour."""
+    ax = new_axes(ax, **labels)
+    ax.barh(list(names)[::-1], list(values)[::-1], color=CYCLE[: len(values)][::-1])
+    return ax
+
+
+def labelled_scatter(points: Mapping[str, tuple[float, float]], ax=None, notes: Mapping[str, str] | None = None, **labels):
+    """One labelled point per name (x, y); ``notes`` adds a second line under a point's label."""
+    ax = new_axes(ax, **labels)
+    for i, (name, (x, y)) in enumerate(points.items()):
+        ax.scatter([x], [y], s=80, color=color_for(name, i), zorder=3)
+        text = name + (f"\n{notes[name]}" if notes and name in notes else "")
+        ax.annotate(text, (x, y), textcoords="offset points", xytext=(8, 6), fontsize=9)
+    return ax

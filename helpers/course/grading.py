@@ -1,0 +1,612 @@
+"""Grade a class with nbgrader: release, autograde every submission in isolation, feedback, grade export.
+
+The Makefile's release / autograde / feedback / grades / import targets call this module:
+
+    python -m helpers.course.grading --course assignments autograde [-a hw2_profiling] [-s alice]
+
+Every nbgrader command runs in a child process of its own (forked, so nbgrader is
+imported once) under a wall-clock limit, with its log kept under ``<course>/logs/``.
+A submission that is not a notebook, kills its kernel or never finishes is recorded
+as failed, with its reason, and scores 0; the other submissions are graded all the same.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import multiprocessing
+import os
+import re
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import nbformat
+import psutil
+from nbgrader.preprocessors import NbGraderPreprocessor
+
+from helpers.course import assignments
+from helpers.core.report import Column, Report
+
+WEIGHTS = {"hw1_distributed": 0.3, "hw2_profiling": 0.1, "hw3_deployment": 0.4, "hw4_monitoring": 0.2}
+SUBMISSION_TIMEOUT_S = 1800
+STATUS_FILE = "autograde_status.csv"
+GRADES_FILE = "grades.csv"
+COURSE_GRADES_FILE = "course_grades.csv"
+
+
+class GradingError(Exception):
+    """A problem with the course itself (not with one submission): the command stops and says what to do."""
+
+
+# ---------------------------------------------------------------- the course folder
+
+
+class Course:
+    """An nbgrader course folder: source/, release/, submitted/, autograded/, feedback/, roster.csv, gradebook."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root).resolve()
+        if not (self.root / "nbgrader_config.py").exists():
+            raise GradingError(f"{self.root} is not an nbgrader course: it has no nbgrader_config.py (pass --course or COURSE=)")
+        self.source, self.release = self.root / "source", self.root / "release"
+        self.submitted, self.autograded = self.root / "submitted", self.root / "autograded"
+        self.feedback, self.logs = self.root / "feedback", self.root / "logs"
+        self.roster_file = self.root / "roster.csv"
+
+    def assignment_ids(self) -> list[str]:
+        """Every assignment folder under source/."""
+        return sorted(p.name for p in self.source.iterdir() if p.is_dir() and not p.name.startswith(".")) if self.source.exists() else []
+
+    def roster(self) -> list[str]:
+        """Student ids from roster.csv (nbgrader's format: an ``id`` column, optional names and email)."""
+        if not self.roster_file.exists():
+            return []
+        with self.roster_file.open(newline="") as f:
+            rows = list(csv.DictReader(f))
+        if rows and "id" not in rows[0]:
+            raise GradingError(f"{self.roster_file} needs an 'id' column (header: id,first_name,last_name,email)")
+        ids = [r["id"].strip() for r in rows]
+        if "" in ids or len(set(ids)) != len(ids):
+            raise GradingError(f"{self.roster_file}: every row needs a unique, non-empty id")
+        return ids
+
+    def submissions(self, assignment_ids: Sequence[str] = (), student_ids: Sequence[str] = (), under: Path | None = None) -> list[tuple[str, str]]:
+        """(student_id, assignment_id) of every folder ``<under>/<student>/<assignment>/`` (default: submitted/)."""
+        under = under or self.submitted
+        found = []
+        for student in sorted(p for p in under.glob("*") if p.is_dir() and not p.name.startswith(".")):
+            for assignment in sorted(p for p in student.iterdir() if p.is_dir() and not p.name.startswith(".")):
+                if (not assignment_ids or assignment.name in assignment_ids) and (not student_ids or student.name in student_ids):
+                    found.append((student.name, assignment.name))
+        return found
+
+    def log_path(self, command: str, *names: str) -> Path:
+        path = self.logs / command / ("__".join(names) + ".log")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def gradebook(self):
+        """nbgrader's Gradebook on this course's database (use as a context manager)."""
+        from nbgrader.api import Gradebook
+        from nbgrader.coursedir import CourseDirectory
+        from traitlets.config.loader import PyFileConfigLoader
+
+        config = PyFileConfigLoader("nbgrader_config.py", path=str(self.root)).load_config()
+        coursedir = CourseDirectory(config=config, root=str(self.root))
+        return Gradebook(coursedir.db_url, coursedir.course_id)
+
+    def released_ids(self) -> set[str]:
+        """Assignments the gradebook knows (``nbgrader generate_assignment`` has run on them)."""
+        if not (self.root / "gradebook.db").exists():
+            return set()
+        with self.gradebook() as gb:
+            return {a.name for a in gb.assignments}
+
+
+# ---------------------------------------------------------------- running nbgrader in a child process
+
+
+@dataclass
+class NbgraderRun:
+    argv: list[str]
+    returncode: int | None
+    seconds: float
+    timed_out: bool
+    log_path: Path
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.timed_out
+
+    @property
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+def _nbgrader_main(root: str, argv: list[str], log_path: str) -> None:
+    """Child-process body: one nbgrader command in the course folder, all its output going to ``log_path``."""
+    os.chdir(root)
+    # nbgrader calls `alembic` (and the kernel is started) through PATH: put this environment's bin/ first.
+    os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    with open(log_path, "w") as log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+    # The parent's sys.stdout/stderr may not be these descriptors (a notebook, pytest's capture): rebind them.
+    sys.stdout = open(1, "w", buffering=1, closefd=False)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)
+    from nbgrader.apps.nbgraderapp import NbGraderApp
+
+    NbGraderApp.launch_instance(argv=argv)
+
+
+def _start_method() -> str:
+    """fork where it is safe and fast (Linux: nbgrader is imported once); spawn elsewhere."""
+    return "fork" if sys.platform.startswith("linux") else "spawn"
+
+
+def _kill_tree(pid: int) -> None:
+    """Kill a process and every descendant (kernels run in sessions of their own, so a process group is not enough)."""
+    try:
+        parent = psutil.Process(pid)
+        family = parent.children(recursive=True) + [parent]
+    except psutil.NoSuchProcess:
+        return
+    for process in family:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(family, timeout=10)
+
+
+def run_nbgrader(course: Course, argv: list[str], log_path: Path, timeout: float) -> NbgraderRun:
+    """Run ``nbgrader <argv>`` in ``course`` in a child process; kill it (and its kernels) after ``timeout`` s."""
+    import nbgrader.apps.nbgraderapp  # noqa: F401  (imported here once, so forked children start at once)
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    child = multiprocessing.get_context(_start_method()).Process(target=_nbgrader_main, args=(str(course.root), argv, str(log_path)))
+    start = time.perf_counter()
+    child.start()
+    child.join(timeout)
+    timed_out = child.is_alive()
+    if timed_out:
+        _kill_tree(child.pid)
+        child.join()
+    return NbgraderRun(argv, child.exitcode, time.perf_counter() - start, timed_out, log_path)
+
+
+def sync_roster(course: Course) -> None:
+    """Import roster.csv into the gradebook (creates the gradebook on first use; updates names on later runs)."""
+    if not course.roster():
+        return
+    run = run_nbgrader(course, ["db", "student", "import", course.roster_file.name], course.log_path("db", "roster"), timeout=300)
+    if not run.ok:
+        raise GradingError(f"importing {course.roster_file} into the gradebook failed: {last_error_line(run.log)} (log: {run.log_path})")
+
+
+def last_error_line(log: str) -> str:
+    """The most specific error line of an nbgrader log: the last 'SomethingError: message' line, else the last ERROR line."""
+    errors = re.findall(r"^\s*((?:\w+\.)*\w*(?:Error|Exception|Exit)\b:?.*)$", log, re.M)
+    if errors:
+        return errors[-1].strip()
+    flagged = re.findall(r"\| ERROR\] (.*)$", log, re.M)
+    return flagged[-1].strip() if flagged else "no error message in the log"
+
+
+# ---------------------------------------------------------------- release
+
+
+def release(course: Course, assignment_ids: Sequence[str] = ()) -> list[str]:
+    """Generate the student version of each assignment into release/; returns the ids released."""
+    known = course.assignment_ids()
+    if not known:
+        raise GradingError(f"no assignment folders under {course.source}: add one (see assignments/README.md)")
+    unknown = [a for a in assignment_ids if a not in known]
+    if unknown:
+        raise GradingError(f"no assignment {unknown} under {course.source} (there are: {', '.join(known) or 'none'})")
+    sync_roster(course)
+    released, failed = [], []
+    for assignment_id in assignment_ids or known:
+        for problem in assignments.convention_problems(course.source / assignment_id):
+            print(f"warning: {assignment_id}/{problem} (see assignments/README.md)")
+        run = run_nbgrader(course, ["generate_assignment", assignment_id, "--force"], course.log_path("release", assignment_id), timeout=600)
+        if run.ok:
+            released.append(assignment_id)
+            print(f"released {assignment_id} -> {course.release / assignment_id}  ({run.seconds:.1f} s)")
+        else:
+            failed.append(f"{assignment_id}: {last_error_line(run.log)} (log: {run.log_path})")
+    if failed:
+        raise GradingError("release failed for " + "; ".join(failed))
+    return released
+
+
+# ---------------------------------------------------------------- autograde
+
+
+@dataclass
+class Outcome:
+    """How one submission fared: graded (with its score) or failed (with the reason)."""
+
+    student_id: str
+    assignment_id: str
+    status: str
+    score: float
+    max_score: float
+    seconds: float
+    on_roster: bool
+    reason: str
+
+    @property
+    def percent(self) -> float:
+        return 100 * self.score / self.max_score if self.max_score else 0.0
+
+
+class AutogradeReport(Report):
+    """One row per submission autograded: status, score, time, and the reason or notes."""
+
+    title = "Autograding"
+    columns = (
+        Column("student_id", "student"),
+        Column("assignment_id", "assignment"),
+        Column("status", "status"),
+        Column("score", "score", ".2f"),
+        Column("max_score", "max", ".2f"),
+        Column("percent", "%", ".1f"),
+        Column("seconds", "seconds", ".1f"),
+        Column("reason", "reason / notes"),
+    )
+
+    @property
+    def failed(self) -> list[Outcome]:
+        return [o for o in self.rows if o.status == "failed"]
+
+    def outcome(self, student_id: str, assignment_id: str) -> Outcome:
+        return next(o for o in self.rows if (o.student_id, o.assignment_id) == (student_id, assignment_id))
+
+
+def invalid_notebooks(folder: Path) -> list[str]:
+    """A sentence for every .ipynb in ``folder`` that nbformat cannot read as a valid notebook."""
+    problems = []
+    for path in sorted(folder.glob("*.ipynb")):
+        try:
+            nbformat.validate(nbformat.read(path, as_version=4))
+        except Exception as err:  # noqa: BLE001 - any unreadable notebook is a reason, not a crash
+            message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            problems.append(f"{path.name} is not a valid notebook ({message[:160]})")
+    return problems
+
+
+def failure_reason(run: NbgraderRun, invalid: list[str], expected: list[str], found: list[str]) -> str:
+    """A sentence saying why nbgrader could not grade a submission, from what it left behind."""
+    if run.timed_out:
+        return f"did not finish within {run.seconds:.0f} s and was stopped (a cell that never ends and ignores interrupts?)"
+    if invalid:
+        return "; ".join(invalid)
+    log = run.log
+    if "DeadKernelError" in log or "Kernel died" in log:
+        running = re.findall(r"Autograding .*?([^/\\]+\.ipynb)", log)
+        where = f" while running {running[-1]}" if running else ""
+        return f"the kernel died{where} (the code ended the process, crashed, or ran out of memory)"
+    if "No notebooks found" in log:
+        return f"no notebook of the assignment in the submission: expected {', '.join(expected)}; found {', '.join(found) or 'nothing'}"
+    return f"{last_error_line(log)} (nbgrader exit code {run.returncode})"
+
+
+def graded_notes(course: Course, student_id: str, assignment_id: str, run: NbgraderRun, on_roster: bool) -> str:
+    """What a TA should know about a submission that was graded: cells stopped by the timeout, missing or extra files."""
+    notes = [] if on_roster else ["not on the roster"]
+    notes += [f"missing {Path(p).name} (0 points)" for p in re.findall(r"No submitted file: (\S+)", run.log)]
+    notes += [f"ignored {Path(p).name} (not part of the assignment)" for p in re.findall(r"Skipping unknown notebook: (\S+)", run.log)]
+    for path in sorted((course.autograded / student_id / assignment_id).glob("*.ipynb")):
+        for cell in assignments.read(path).cells:
+            if any(o.get("ename") == "CellTimeoutError" for o in cell.get("outputs", [])):
+                notes.append(f"{path.name}: cell {assignments.grade_id(cell) or '(ungraded)'} hit the per-cell timeout and was interrupted")
+    return "; ".join(notes)
+
+
+def record_failure_as_zero(course: Course, student_id: str, assignment_id: str) -> None:
+    """Make the gradebook agree that a failed submission scores 0 (it may hold partial scores of notebooks graded before the failure)."""
+    with course.gradebook() as gb:
+        gb.update_or_create_student(student_id)
+        submission = gb.update_or_create_submission(assignment_id, student_id)
+        for notebook in submission.notebooks:
+            for grade in notebook.grades:
+                grade.auto_score = 0
+                grade.manual_score = None
+                grade.needs_manual_grade = False
+        gb.db.commit()
+
+
+def autograde_one(course: Course, student_id: str, assignment_id: str, released: set[str], roster: set[str], timeout: float, cell_timeout: int | None = None) -> Outcome:
+    """Autograde one submission in a child process and say how it went; never raises for a bad submission."""
+    folder = course.submitted / student_id / assignment_id
+    flag = "" if student_id in roster else "; not on the roster"
+    if assignment_id not in released:
+        reason = f"assignment {assignment_id!r} was never released (run `make release A={assignment_id}`; released: {', '.join(sorted(released)) or 'none'})"
+        return Outcome(student_id, assignment_id, "failed", 0.0, 0.0, 0.0, not flag, reason + flag)
+    argv = ["autograde", assignment_id, "--student", student_id, "--force"]
+    if cell_timeout:
+        argv.append(f"--Execute.timeout={int(cell_timeout)}")
+    run = run_nbgrader(course, argv, course.log_path("autograde", student_id, assignment_id), timeout)
+    if run.ok:
+        with course.gradebook() as gb:
+            submission = gb.find_submission(assignment_id, student_id)
+            score, max_score = float(submission.score), float(submission.max_score)
+        notes = graded_notes(course, student_id, assignment_id, run, not flag)
+        return Outcome(student_id, assignment_id, "graded", score, max_score, run.seconds, not flag, notes)
+    expected = [p.name for p in assignments.notebooks(course.source / assignment_id)]
+    found = sorted(p.name for p in folder.glob("*.ipynb"))
+    reason = failure_reason(run, invalid_notebooks(folder), expected, found)
+    record_failure_as_zero(course, student_id, assignment_id)
+    with course.gradebook() as gb:
+        max_score = float(gb.find_assignment(assignment_id).max_score)
+    reason += f" (log: {run.log_path.relative_to(course.root)}){flag}"
+    return Outcome(student_id, assignment_id, "failed", 0.0, max_score, run.seconds, not flag, reason)
+
+
+def autograde(course: Course, assignment_ids: Sequence[str] = (), student_ids: Sequence[str] = (), timeout: float = SUBMISSION_TIMEOUT_S, cell_timeout: int | None = None) -> AutogradeReport:
+    """Autograde every submission in submitted/<student>/<assignment>/ (optionally only some), one at a time."""
+    pending = course.submissions(assignment_ids, student_ids)
+    if not pending:
+        wanted = f" for {', '.join(list(assignment_ids) + list(student_ids))}" if assignment_ids or student_ids else ""
+        raise GradingError(f"no submissions{wanted} under {course.submitted}/<student>/<assignment>/ (drop them there, or `make import`)")
+    sync_roster(course)
+    released, roster = course.released_ids(), set(course.roster())
+    outcomes = []
+    for number, (student_id, assignment_id) in enumerate(pending, 1):
+        outcome = autograde_one(course, student_id, assignment_id, released, roster, timeout, cell_timeout)
+        outcomes.append(outcome)
+        detail = f"{outcome.score:g}/{outcome.max_score:g} ({outcome.percent:.0f}%)" if outcome.status == "graded" else outcome.reason
+        print(f"[{number}/{len(pending)}] {outcome.status:>6}  {assignment_id}  {student_id}  {outcome.seconds:.1f} s  {detail}", flush=True)
+    write_status(course, outcomes)
+    return AutogradeReport(outcomes)
+
+
+def read_status(course: Course) -> dict[tuple[str, str], dict]:
+    """The last autograding outcome of each (student, assignment), from autograde_status.csv."""
+    path = course.root / STATUS_FILE
+    if not path.exists():
+        return {}
+    with path.open(newline="") as f:
+        return {(r["student_id"], r["assignment_id"]): r for r in csv.DictReader(f)}
+
+
+def write_status(course: Course, outcomes: Iterable[Outcome]) -> None:
+    """Merge these outcomes into autograde_status.csv (a later run replaces a submission's earlier row)."""
+    rows = read_status(course)
+    for o in outcomes:
+        rows[(o.student_id, o.assignment_id)] = {**dataclasses.asdict(o), "score": f"{o.score:g}", "max_score": f"{o.max_score:g}", "seconds": f"{o.seconds:.1f}"}
+    fields = [f.name for f in dataclasses.fields(Outcome)]
+    with (course.root / STATUS_FILE).open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows[key] for key in sorted(rows))
+
+
+# ---------------------------------------------------------------- feedback
+
+
+def feedback(course: Course, assignment_ids: Sequence[str] = (), student_ids: Sequence[str] = ()) -> list[Path]:
+    """HTML feedback for every autograded submission, hidden tests left out; returns the folders written."""
+    pending = course.submissions(assignment_ids, student_ids, under=course.autograded)
+    if not pending:
+        raise GradingError(f"nothing autograded yet under {course.autograded} (run `make autograde` first)")
+    written, failed = [], []
+    for student_id, assignment_id in pending:
+        argv = ["generate_feedback", assignment_id, "--student", student_id, "--force"]
+        run = run_nbgrader(course, argv, course.log_path("feedback", student_id, assignment_id), timeout=600)
+        if run.ok:
+            written.append(course.feedback / student_id / assignment_id)
+        else:
+            failed.append(f"{student_id}/{assignment_id}: {last_error_line(run.log)}")
+    print(f"feedback written for {len(written)} submissions under {course.feedback}/<student>/<assignment>/")
+    for line in failed:
+        print(f"feedback FAILED for {line}")
+    return written
+
+
+class HideHiddenTestTracebacks(NbGraderPreprocessor):
+    """nbgrader feedback preprocessor: in test cells with hidden tests, shorten error tracebacks to one line.
+
+    A traceback quotes the lines around the failing assert, which may be hidden tests;
+    the student sees which test failed (visible line N, or a hidden one) and its message.
+    Runs before nbgrader's ClearHiddenTests, which removes the hidden region itself.
+    """
+
+    def preprocess_cell(self, cell, resources, index):
+        if assignments.is_graded_test(cell) and assignments.HIDDEN_BEGIN in cell.source:
+            for output in cell.get("outputs", []):
+                if output.get("output_type") == "error":
+                    output["traceback"] = [_one_line_traceback(cell.source, output)]
+        return cell, resources
+
+
+def _one_line_traceback(source: str, error) -> str:
+    lines = source.splitlines()
+    hidden_start = next((i + 1 for i, line in enumerate(lines) if assignments.HIDDEN_BEGIN in line), len(lines) + 1)
+    numbers = re.findall(r"line (\d+)", re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(error.get("traceback", []))))
+    failing = int(numbers[0]) if numbers else None  # the first frame is the test cell itself
+    if failing is not None and failing < hidden_start:
+        which = f"the visible test on line {failing} failed"
+    else:
+        which = "a hidden test failed (its code is not shown)"
+    message = f"{error.get('ename', 'Error')}: {error.get('evalue', '')}".rstrip(": ")
+    return f"{which}: {message}"
+
+
+# ---------------------------------------------------------------- grades
+
+
+@dataclass
+class StudentGrades:
+    student_id: str
+    percents: dict[str, float]
+    course_grade: float
+    on_roster: bool
+
+
+class CourseGrades(Report):
+    """One row per student: the percentage of each assignment (missing or failed = 0) and the weighted course grade."""
+
+    title = "Course grades"
+
+    def __init__(self, rows: list[StudentGrades], assignment_ids: list[str], failures: list[dict], submissions: dict[str, set[str]]):
+        self.assignment_ids = assignment_ids
+        self.columns = (
+            Column("student_id", "student"),
+            *(Column(a, a, ".1f") for a in assignment_ids),
+            Column("course_grade", "course grade", ".2f"),
+        )
+        super().__init__([{"student_id": r.student_id, **r.percents, "course_grade": r.course_grade} for r in rows])
+        self.students = rows
+        self.failures = failures
+        self.submissions = submissions  # assignment id -> ids of the students who submitted it
+        self.means = {a: (sum(r.percents[a] for r in rows) / len(rows) if rows else 0.0) for a in assignment_ids}
+
+    def summary(self) -> str:
+        submitters = set().union(*self.submissions.values())
+        off_roster = [r.student_id for r in self.students if not r.on_roster]
+        lines = [f"students: {len(self.students)} in the table, {len(submitters)} with at least one submission"]
+        if off_roster:
+            lines.append(f"not on the roster (graded all the same): {', '.join(off_roster)}")
+        lines.append("mean per assignment (over all students; missing or failed = 0):")
+        lines += [f"  {a:<18} {self.means[a]:6.1f}%   ({len(self.submissions.get(a, ())):d} submissions, weight {WEIGHTS.get(a, 0):g})" for a in self.assignment_ids]
+        if self.failures:
+            lines.append(f"failed submissions ({len(self.failures)}, scored 0):")
+            lines += [f"  {f['student_id']} / {f['assignment_id']}: {f['reason']}" for f in self.failures]
+        else:
+            lines.append("failed submissions: none")
+        return "\n".join(lines)
+
+    def write_csv(self, path: Path) -> None:
+        with path.open("w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["student_id", *self.assignment_ids, "course_grade"])
+            for r in self.students:
+                writer.writerow([r.student_id, *(f"{r.percents[a]:.2f}" for a in self.assignment_ids), f"{r.course_grade:.2f}"])
+
+
+def course_grade(percents: dict[str, float], weights: dict[str, float] = WEIGHTS) -> float:
+    """The weighted course grade on the 0-100 scale: sum of weight x percentage (missing assignment = 0)."""
+    return sum(w * percents.get(a, 0.0) for a, w in weights.items())
+
+
+def course_grades(course: Course) -> CourseGrades:
+    """Every student's percentage per assignment and course grade, from the gradebook and the autograding status."""
+    roster = course.roster()
+    status = read_status(course)
+    failed = {key: row for key, row in status.items() if row["status"] == "failed"}
+    percents: dict[str, dict[str, float]] = {}
+    submissions: dict[str, set[str]] = {}
+    with course.gradebook() as gb:
+        known = [a.name for a in gb.assignments]
+        for assignment in gb.assignments:
+            max_score = float(assignment.max_score)
+            for submission in assignment.submissions:
+                student_id = submission.student.id
+                submissions.setdefault(assignment.name, set()).add(student_id)
+                value = 0.0 if (student_id, assignment.name) in failed or not max_score else 100 * float(submission.score) / max_score
+                percents.setdefault(student_id, {})[assignment.name] = round(value, 2)
+        students = set(roster) | {s.id for s in gb.students} | {s for s, _ in status}
+    ids = list(WEIGHTS) + sorted((set(known) | set(course.assignment_ids())) - set(WEIGHTS))
+    rows = []
+    for student_id in sorted(students):
+        mine = {a: percents.get(student_id, {}).get(a, 0.0) for a in ids}
+        rows.append(StudentGrades(student_id, mine, round(course_grade(mine), 2), student_id in roster))
+    return CourseGrades(rows, ids, [failed[k] for k in sorted(failed)], submissions)
+
+
+def grades(course: Course) -> CourseGrades:
+    """Write grades.csv (nbgrader's export) and course_grades.csv, and print the class summary."""
+    if not (course.root / "gradebook.db").exists():
+        raise GradingError(f"no gradebook in {course.root} yet: run `make release` and `make autograde` first")
+    sync_roster(course)
+    run = run_nbgrader(course, ["export", "--to", GRADES_FILE], course.log_path("export", "grades"), timeout=600)
+    if not run.ok:
+        raise GradingError(f"nbgrader export failed: {last_error_line(run.log)} (log: {run.log_path})")
+    report = course_grades(course)
+    report.write_csv(course.root / COURSE_GRADES_FILE)
+    print(report.table())
+    print()
+    print(report.summary())
+    print(f"\nwrote {course.root / GRADES_FILE} (nbgrader's export) and {course.root / COURSE_GRADES_FILE}")
+    return report
+
+
+# ---------------------------------------------------------------- importing an LMS download
+
+
+def import_zip(course: Course, archive: str | Path, assignment_id: str) -> list[str]:
+    """Collect an LMS download (a zip of <student>_<notebook>.ipynb or <student>/<notebook>.ipynb files) into submitted/.
+
+    Uses nbgrader's zip_collect with the file-name pattern set in nbgrader_config.py;
+    returns the student ids that now have a submission of ``assignment_id``.
+    """
+    archive = Path(archive)
+    if not archive.is_file():
+        raise GradingError(f"no such file: {archive} (pass ZIP=path/to/download.zip)")
+    if assignment_id not in course.assignment_ids():
+        raise GradingError(f"no assignment {assignment_id!r} under {course.source} (pass A=<assignment id>)")
+    target = course.root / "downloaded" / assignment_id / "archive"
+    target.mkdir(parents=True, exist_ok=True)
+    shutil.copy(archive, target / archive.name)
+    run = run_nbgrader(course, ["zip_collect", assignment_id, "--force"], course.log_path("import", assignment_id), timeout=600)
+    if not run.ok:
+        raise GradingError(f"zip_collect failed: {last_error_line(run.log)} (log: {run.log_path})")
+    skipped = re.findall(r"Skipped submission with no match information provided: (\S+)", run.log)
+    students = [s for s, _ in course.submissions([assignment_id])]
+    print(f"collected {assignment_id} for {len(students)} students into {course.submitted}: {', '.join(students)}")
+    for path in skipped:
+        print(f"skipped {Path(path).name}: its name is not <student>_<notebook>.ipynb or <student>/<notebook>.ipynb")
+    return students
+
+
+# ---------------------------------------------------------------- command line
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m helpers.course.grading", description=__doc__.splitlines()[0])
+    parser.add_argument("--course", default="assignments", help="the nbgrader course folder (default: assignments)")
+    commands = parser.add_subparsers(dest="command", required=True)
+    for name, text in (("release", "generate the student versions into release/"), ("autograde", "grade the submissions in submitted/"), ("feedback", "HTML feedback per student into feedback/")):
+        sub = commands.add_parser(name, help=text)
+        sub.add_argument("-a", "--assignment", action="append", default=[], help="only this assignment (repeatable)")
+        if name != "release":
+            sub.add_argument("-s", "--student", action="append", default=[], help="only this student (repeatable)")
+        if name == "autograde":
+            sub.add_argument("--timeout", type=float, default=SUBMISSION_TIMEOUT_S, help="seconds one submission may take before it is stopped")
+            sub.add_argument("--cell-timeout", type=int, default=None, help="override the per-cell timeout of nbgrader_config.py")
+    commands.add_parser("grades", help="write grades.csv and course_grades.csv and print a summary")
+    zipped = commands.add_parser("import", help="collect an LMS download (zip) into submitted/")
+    zipped.add_argument("archive")
+    zipped.add_argument("-a", "--assignment", required=True)
+    args = parser.parse_args(argv)
+
+    try:
+        course = Course(args.course)
+        if args.command == "release":
+            release(course, args.assignment)
+        elif args.command == "autograde":
+            report = autograde(course, args.assignment, args.student, args.timeout, args.cell_timeout)
+            print()
+            print(report.table())
+            print(f"\n{len(report.rows) - len(report.failed)} graded, {len(report.failed)} failed (scored 0; reasons above); status in {course.root / STATUS_FILE}")
+        elif args.command == "feedback":
+            feedback(course, args.assignment, args.student)
+        elif args.command == "grades":
+            grades(course)
+        elif args.command == "import":
+            import_zip(course, args.archive, args.assignment)
+    except GradingError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,212 @@
+"""Run notebooks headlessly with papermill, export them to HTML, and keep the stored copies clean.
+
+Used by ``make lectures`` and by the tests, so both run notebooks the same way:
+
+    python -m helpers.course.notebooks run lectures --out build/lectures [-p quick=True]
+    python -m helpers.course.notebooks strip lectures assignments/source
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import re
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import nbformat
+from jupyter_client.manager import KernelManager
+from traitlets import default
+
+from helpers.core.report import Column, Report
+
+CELL_TIMEOUT_S = 600
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def find_notebooks(*roots: str | Path) -> list[Path]:
+    """Every .ipynb under ``roots`` (files are taken as given), sorted, without checkpoint copies."""
+    found: list[Path] = []
+    for root in map(Path, roots):
+        candidates = [root] if root.is_file() else root.rglob("*.ipynb")
+        found += [p for p in candidates if ".ipynb_checkpoints" not in p.parts]
+    return sorted(found)
+
+
+@dataclass
+class NotebookRun:
+    notebook: str
+    status: str
+    seconds: float
+    error: str | None
+    output: Path
+    html: Path | None
+
+
+class RunReport(Report):
+    """One row per executed notebook: its status and how long it took."""
+
+    title = "Notebook runs"
+    columns = (Column("notebook", "notebook"), Column("status", "status"), Column("seconds", "seconds", ".1f"))
+
+    @property
+    def failed(self) -> list[NotebookRun]:
+        return [r for r in self.rows if r.status != "ok"]
+
+
+def describe_failure(err: BaseException) -> str:
+    """A readable account of a failed execution: which cell, its source, and the error."""
+    from papermill.exceptions import PapermillExecutionError
+
+    if isinstance(err, PapermillExecutionError):
+        trace = _ANSI.sub("", "\n".join(err.traceback))
+        return (
+            f"cell {err.cell_index} (execution count {err.exec_count}) raised {err.ename}: {err.evalue}\n"
+            f"--- cell source ---\n{err.source}\n--- traceback ---\n{trace}"
+        )
+    return f"{type(err).__name__}: {err}"
+
+
+class LocalKernelManager(KernelManager):
+    """A kernel reached through Unix-domain sockets (ZeroMQ's ipc transport) instead of localhost TCP.
+
+    The kernel and the runner share this machine, so nothing needs a network port, and the
+    kernel does not warn on every start that its TCP traffic is unencrypted.
+    """
+
+    @default("transport")
+    def _local_transport(self):
+        return "ipc" if sys.platform != "win32" else "tcp"
+
+
+def execute_notebook(
+    path: str | Path,
+    output_dir: str | Path,
+    parameters: dict[str, Any] | None = None,
+    root: str | Path | None = None,
+    html: bool = True,
+    cell_timeout: int = CELL_TIMEOUT_S,
+) -> NotebookRun:
+    """Execute ``path`` with papermill into ``output_dir`` (mirroring its place under ``root``).
+
+    The notebook runs in its own folder, so relative paths in it behave as in
+    JupyterLab. Failures are caught and described, never raised.
+    """
+    import papermill
+
+    path = Path(path).resolve()
+    root = Path(root).resolve() if root else path.parent
+    relative = path.relative_to(root)
+    output = Path(output_dir).resolve() / relative
+    output.parent.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    error = None
+    try:
+        papermill.execute_notebook(
+            str(path),
+            str(output),
+            parameters=parameters or {},
+            cwd=str(path.parent),
+            progress_bar=False,
+            execution_timeout=cell_timeout,
+            kernel_manager_class=LocalKernelManager,
+        )
+    except Exception as err:  # noqa: BLE001 - every failure becomes a row, never a crash
+        error = describe_failure(err)
+    seconds = time.perf_counter() - start
+    html_path = export_html(output) if html and output.exists() else None
+    return NotebookRun(str(relative), "ok" if error is None else "failed", seconds, error, output, html_path)
+
+
+def export_html(notebook: Path) -> Path:
+    """Write ``notebook`` as a standalone HTML page beside it."""
+    from nbconvert import HTMLExporter
+
+    body, _ = HTMLExporter().from_filename(str(notebook))
+    target = notebook.with_suffix(".html")
+    target.write_text(body, encoding="utf-8")
+    return target
+
+
+def run_all(roots: Sequence[str | Path], output_dir: str | Path, parameters: dict[str, Any] | None = None) -> RunReport:
+    """Execute every notebook under ``roots``, printing a line per notebook as it finishes."""
+    runs = []
+    for root in roots:
+        base = Path(root) if Path(root).is_dir() else Path(root).parent
+        for notebook in find_notebooks(root):
+            run = execute_notebook(notebook, output_dir, parameters, root=base)
+            print(f"{run.status:>6}  {run.seconds:7.1f} s  {run.notebook}", flush=True)
+            runs.append(run)
+    return RunReport(runs)
+
+
+def strip_outputs(path: str | Path) -> bool:
+    """Remove outputs, execution counts and run metadata from a stored notebook; True if it changed."""
+    path = Path(path)
+    nb = nbformat.read(path, as_version=4)
+    before = nbformat.writes(nb)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs = []
+            cell.execution_count = None
+        cell.metadata.pop("execution", None)
+        cell.metadata.pop("papermill", None)
+    for key in ("papermill", "widgets"):
+        nb.metadata.pop(key, None)
+    after = nbformat.writes(nb)
+    if after != before:
+        path.write_text(after + ("" if after.endswith("\n") else "\n"), encoding="utf-8")
+    return after != before
+
+
+def has_outputs(path: str | Path) -> bool:
+    """True when any code cell of the stored notebook keeps outputs or an execution count."""
+    nb = nbformat.read(Path(path), as_version=4)
+    return any(c.cell_type == "code" and (c.outputs or c.execution_count is not None) for c in nb.cells)
+
+
+def parse_parameters(pairs: Iterable[str]) -> dict[str, Any]:
+    """['quick=True', 'device=cpu'] -> {'quick': True, 'device': 'cpu'} (values as Python literals when they parse)."""
+    parameters = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.isidentifier():
+            raise SystemExit(f"-p expects NAME=VALUE (e.g. -p quick=True), got {pair!r}")
+        try:
+            parameters[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            parameters[key] = value
+    return parameters
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m helpers.course.notebooks", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="execute notebooks and export HTML")
+    run.add_argument("roots", nargs="+", help="folders or notebooks")
+    run.add_argument("--out", default="build/notebooks", help="where executed notebooks and HTML go")
+    run.add_argument("-p", "--parameter", action="append", default=[], help="NAME=VALUE injected into the parameters cell")
+    strip = commands.add_parser("strip", help="remove outputs from stored notebooks")
+    strip.add_argument("roots", nargs="+")
+    args = parser.parse_args(argv)
+
+    if args.command == "strip":
+        changed = [p for p in find_notebooks(*args.roots) if strip_outputs(p)]
+        print("\n".join(f"stripped {p}" for p in changed) or "all notebooks already clean")
+        return 0
+    report = run_all(args.roots, args.out, parse_parameters(args.parameter))
+    if not report.rows:
+        print(f"no notebooks found under {', '.join(args.roots)}", file=sys.stderr)
+        return 1
+    print()
+    print(report)
+    print(f"\nexecuted notebooks and HTML: {Path(args.out).resolve()}")
+    for failure in report.failed:
+        print(f"\nFAILED {failure.notebook}: {failure.error}", file=sys.stderr)
+    return 1 if report.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,22 @@
+"""Lectures 2-4: processes and collectives, data parallelism, memory-efficient training, model parallelism.
+
+Public face of ``helpers.distributed``; names load on first use (torch.distributed only then).
+"""
+from helpers.core.lazy import lazy_exports
+
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    ".comm_models": ["comm_costs"],
+    ".concurrency": ["dataloader_demo", "gil_demo", "shared_memory_demo", "start_costs"],
+    ".experiments": ["KIB", "MIB", "all_reduce_sweep", "calibrate_link", "collectives_demo", "traffic_check"],
+    ".collectives": ["count_traffic", "point_to_point_only", "ring_all_reduce"],
+    ".ddp": ["accumulation_demo", "bucket_sweep", "scaling"],
+    ".alexnet_parallel": ["alexnet_model_parallel", "tower_forward"],
+    ".memsave": ["accumulation_memory", "checkpointed", "checkpointing_memory", "demo_transformer",
+                 "example_batch", "mean_square_loss", "precision_memory"],
+    ".offload": ["OffloadedAdam", "offload_memory"],
+    ".pipeline_parallel": ["bubble_fraction", "pipeline_experiment", "pipeline_schedule"],
+    ".tensor_parallel": ["ColumnParallelLinear", "RowParallelLinear", "copy_to_parallel",
+                         "reduce_from_parallel", "tensor_parallel_check"],
+    ".zero": ["zero_check", "zero_memory"],
+    "helpers.distributed": ["ddp_train"],
+})

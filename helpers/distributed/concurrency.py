@@ -1,0 +1,307 @@
+"""Processes, threads and the GIL, measured: what Lecture 2 shows about running Python work in parallel.
+
+* ``start_costs``: how long it takes to start a thread, a forkserver process and a spawned process;
+* ``gil_demo``: the same tasks run serially, on threads and on processes, for pure-Python work (holds the
+  GIL) and for torch operations (release it);
+* ``shared_memory_demo``: handing a tensor to another process through shared memory vs by copying it;
+* ``dataloader_demo``: a data set with Python-heavy decoding read by a DataLoader with 0 workers, by threads,
+  and by worker processes.
+"""
+from __future__ import annotations
+
+import pickle
+import threading
+import time
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from helpers.core import plots
+from helpers.core.device import cpu_threads
+from helpers.core.launch import available_cores, worker_context
+from helpers.core.report import Column, Report, format_bytes, format_seconds
+
+# ---------------------------------------------------------------- starting a thread or a process
+
+
+@dataclass
+class StartCost:
+    what: str
+    seconds: float
+
+
+class StartCosts(Report):
+    title = "Time to start a thread or a process that does nothing and ends"
+    columns = (Column("what", "started"), Column("seconds", "time", format_seconds))
+
+
+def _nothing() -> None:
+    return None
+
+
+def start_costs(include_spawn: bool = True) -> StartCosts:
+    """Start and join one thread, one forkserver process and (optionally) one spawned process; time each."""
+    def timed(start: Callable[[], None]) -> float:
+        begin = time.perf_counter()
+        start()
+        return time.perf_counter() - begin
+
+    def thread() -> None:
+        t = threading.Thread(target=_nothing)
+        t.start()
+        t.join()
+
+    def process(method: str) -> Callable[[], None]:
+        def run() -> None:
+            p = (worker_context("forkserver") if method == "forkserver" else worker_context(method)).Process(target=_nothing)
+            p.start()
+            p.join()
+        return run
+
+    rows = [StartCost("thread", min(timed(thread) for _ in range(5)))]
+    if "forkserver" in __import__("multiprocessing").get_all_start_methods():
+        timed(process("forkserver"))  # the first call starts the server itself (it imports torch once)
+        rows.append(StartCost("process (fork from a server that imported torch)", min(timed(process("forkserver")) for _ in range(3))))
+    if include_spawn:
+        rows.append(StartCost("process (spawn: a new interpreter imports torch)", timed(process("spawn"))))
+    return StartCosts(rows, ["Each row: start, then wait for the end; the best of a few tries (spawn: one try)."])
+
+
+# ---------------------------------------------------------------- the GIL
+
+
+def python_work(iterations: int) -> int:
+    """Pure-Python arithmetic: the interpreter holds the GIL the whole time."""
+    total = 0
+    for i in range(iterations):
+        total += i * i % 7
+    return total
+
+
+def torch_work(size: int, repeats: int) -> float:
+    """Matrix products on one thread: torch releases the GIL inside each kernel."""
+    torch.set_num_threads(1)
+    a = torch.randn(size, size)
+    for _ in range(repeats):
+        a = torch.tanh(a @ a / size)
+    return float(a[0, 0])
+
+
+@dataclass
+class GilRun:
+    work: str
+    method: str
+    tasks: int
+    seconds: float
+    speedup: float
+
+
+class GilDemo(Report):
+    """The same tasks serially, on threads and on processes: only processes escape the GIL for Python code."""
+
+    title = "Threads vs processes on Python work and on torch work"
+    columns = (
+        Column("work", "work"),
+        Column("method", "method"),
+        Column("tasks", "tasks"),
+        Column("seconds", "time", format_seconds),
+        Column("speedup", "speedup vs serial", ".2f"),
+    )
+
+    def get(self, work: str, method: str) -> GilRun:
+        return next(r for r in self.rows if r.work.startswith(work) and r.method.startswith(method))
+
+    def plot(self, ax=None):
+        works = list(dict.fromkeys(r.work for r in self.rows))
+        methods = list(dict.fromkeys(r.method for r in self.rows))
+        groups = {m: [self.get(w, m).speedup for w in works] for m in methods}
+        ax = plots.grouped_bars(works, groups, ax, title="Speedup over running the tasks one after another", ylabel="speedup (x)")
+        plots.horizontal_line(ax, 1.0, "serial")
+        return ax
+
+
+def _run_serial(fn, args, tasks: int) -> float:
+    start = time.perf_counter()
+    for _ in range(tasks):
+        fn(*args)
+    return time.perf_counter() - start
+
+
+def _run_pool(pool, fn, args, tasks: int) -> float:
+    start = time.perf_counter()
+    list(pool.map(fn, *[[a] * tasks for a in args]))
+    return time.perf_counter() - start
+
+
+def gil_demo(tasks: int | None = None, python_iterations: int = 3_000_000, matrix: int = 256, matmuls: int = 120) -> GilDemo:
+    """Run ``tasks`` equal tasks (default: one per core) three ways, for Python work and for torch work."""
+    tasks = tasks or max(2, available_cores())
+    workloads = {"pure Python": (python_work, (python_iterations,)), "torch matmul (1 thread each)": (torch_work, (matrix, matmuls))}
+    rows = []
+    # torch work in threads of this process: one intra-op thread each, as in the processes
+    with cpu_threads(1):
+        with ThreadPoolExecutor(tasks) as threads, ProcessPoolExecutor(tasks, mp_context=worker_context()) as processes:
+            list(processes.map(_nothing_arg, range(tasks)))  # start the processes before timing
+            for name, (fn, args) in workloads.items():
+                fn(*args)  # warm-up
+                serial = _run_serial(fn, args, tasks)
+                for method, seconds in (("serial (one thread)", serial), (f"{tasks} threads", _run_pool(threads, fn, args, tasks)),
+                                        (f"{tasks} processes", _run_pool(processes, fn, args, tasks))):
+                    rows.append(GilRun(name, method, tasks, seconds, serial / seconds))
+    return GilDemo(rows, [f"{available_cores()} CPU cores here; the ideal speedup with {tasks} tasks is {min(tasks, available_cores())}x."])
+
+
+def _nothing_arg(_):
+    return None
+
+
+# ---------------------------------------------------------------- shared memory between processes
+
+
+def _tensor_server(conn) -> None:
+    """Child process: receive tensors two ways, add one to every element in place, and acknowledge."""
+    while True:
+        kind, payload = conn.recv()
+        if kind == "stop":
+            return
+        tensor = pickle.loads(payload) if kind == "copy" else payload
+        tensor.add_(1)
+        conn.send(float(tensor[0]))
+
+
+@dataclass
+class HandOff:
+    method: str
+    tensor_bytes: int
+    pickled_bytes: int
+    seconds: float
+    parent_sees_change: bool
+
+
+class SharedMemoryDemo(Report):
+    title = "Handing a tensor to another process: a shared-memory handle vs a copy"
+    columns = (
+        Column("method", "method"),
+        Column("tensor_bytes", "tensor", format_bytes),
+        Column("pickled_bytes", "bytes through the pipe", format_bytes),
+        Column("seconds", "round trip", format_seconds),
+        Column("parent_sees_change", "parent sees the child's in-place add"),
+    )
+
+
+def shared_memory_demo(mib: int = 64) -> SharedMemoryDemo:
+    """Send a ``mib`` MiB tensor to a child that adds 1 in place: by copying its bytes, and through shared memory."""
+    import torch.multiprocessing  # noqa: F401  (registers the reductions that pass tensors as shared-memory handles)
+    from multiprocessing.reduction import ForkingPickler
+
+    context = worker_context()
+    parent_end, child_end = context.Pipe()
+    child = context.Process(target=_tensor_server, args=(child_end,), daemon=True)
+    child.start()
+    rows = []
+    try:
+        for method in ("copy (pickle the data)", "shared memory (torch.multiprocessing)"):
+            tensor = torch.zeros(mib * 2**20 // 4)
+            shared = method.startswith("shared")
+            if shared:
+                tensor.share_memory_()
+                sent = bytes(ForkingPickler.dumps(tensor))  # what actually travels: a handle, not the data
+                message = ("shared", tensor)
+            else:
+                sent = pickle.dumps(tensor)
+                message = ("copy", sent)
+            start = time.perf_counter()
+            parent_end.send(message)
+            parent_end.recv()
+            seconds = time.perf_counter() - start
+            rows.append(HandOff(method, tensor.numel() * 4, len(sent), seconds, bool(tensor[0] == 1)))
+        parent_end.send(("stop", None))
+        child.join(10)
+    finally:
+        if child.is_alive():
+            child.kill()
+            child.join()
+    return SharedMemoryDemo(rows, ["Shared memory sends a file-descriptor handle; both processes then map the same pages."])
+
+
+# ---------------------------------------------------------------- why data loaders are processes
+
+
+class DecodeHeavy(Dataset):
+    """A data set whose items cost Python work to "decode" (like JPEG parsing in pure Python), then become tensors."""
+
+    def __init__(self, length: int = 256, decode_iterations: int = 40_000):
+        self.length, self.decode_iterations = length, decode_iterations
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        python_work(self.decode_iterations)
+        return torch.full((3, 32, 32), float(index))
+
+
+@dataclass
+class LoaderRun:
+    loader: str
+    seconds: float
+    items_per_s: float
+    speedup: float
+
+
+class LoaderDemo(Report):
+    title = "Reading a data set with Python-heavy decoding"
+    columns = (
+        Column("loader", "loader"),
+        Column("seconds", "one epoch", format_seconds),
+        Column("items_per_s", "items/s", ",.0f"),
+        Column("speedup", "speedup", ".2f"),
+    )
+
+    def plot(self, ax=None):
+        return plots.grouped_bars([r.loader for r in self.rows], {"items/s": [r.items_per_s for r in self.rows]}, ax,
+                                  title=self.title, ylabel="items per second")
+
+
+class _ThreadedLoader:
+    """Batches whose items are decoded by a pool of threads (what a loader built on threads would do)."""
+
+    def __init__(self, dataset: Dataset, batch_size: int, threads: int):
+        self.dataset, self.batch_size, self.pool = dataset, batch_size, ThreadPoolExecutor(threads)
+
+    def __iter__(self):
+        for start in range(0, len(self.dataset), self.batch_size):
+            indices = range(start, min(start + self.batch_size, len(self.dataset)))
+            yield torch.stack(list(self.pool.map(self.dataset.__getitem__, indices)))
+
+
+def _epoch_seconds(loader) -> float:
+    start = time.perf_counter()
+    for _ in loader:
+        pass
+    return time.perf_counter() - start
+
+
+def dataloader_demo(length: int = 256, decode_iterations: int = 40_000, batch_size: int = 32, workers: int | None = None) -> LoaderDemo:
+    """One epoch of ``DecodeHeavy`` through DataLoader(num_workers=0), a thread pool, and DataLoader(num_workers=N)."""
+    workers = workers or max(2, available_cores())
+    dataset = DecodeHeavy(length, decode_iterations)
+    serial = _epoch_seconds(DataLoader(dataset, batch_size=batch_size))
+    threaded = _ThreadedLoader(dataset, batch_size, workers)
+    try:
+        threads = _epoch_seconds(threaded)
+    finally:
+        threaded.pool.shutdown()
+    processes_loader = DataLoader(dataset, batch_size=batch_size, num_workers=workers, persistent_workers=True,
+                                  multiprocessing_context=worker_context())
+    _epoch_seconds(processes_loader)  # the first epoch starts the worker processes
+    processes = _epoch_seconds(processes_loader)
+    del processes_loader
+    rows = [LoaderRun("DataLoader, num_workers=0", serial, length / serial, 1.0),
+            LoaderRun(f"{workers} threads", threads, length / threads, serial / threads),
+            LoaderRun(f"DataLoader, num_workers={workers} (processes)", processes, length / processes, serial / processes)]
+    return LoaderDemo(rows, [f"{length} items, {format_seconds(serial / length)} of Python decoding each; "
+                             f"{available_cores()} CPU cores. The process loader's workers were started before timing."])

@@ -1,0 +1,387 @@
+"""Saving memory on one device, measured: activation checkpointing, gradient accumulation, mixed precision.
+
+Each technique is compared with plain training on the same model through ``training_memory``
+(one training step on fake tensors, by category), with a real step beside it where that is
+cheap: its memory under MemTracker (``measure_training_memory``), its time (``time_interleaved``: the
+fastest of interleaved rounds), and, for accumulation, a check that the gradients equal those of one big batch.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import textwrap
+from dataclasses import dataclass
+from typing import Callable, Iterator, Mapping, Sequence
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from helpers.core import plots
+from helpers.core.timing import time_once
+from helpers.core.device import synchronize
+from helpers.core.fake import ExampleInput, batch_size_of, first_device, split_args, with_batch
+from helpers.core.memory import (
+    MasterWeightAdam,
+    OptimizerChoice,
+    TrainingMemory,
+    autocast_dtype,
+    make_optimizer,
+    measure_training_memory,
+    training_memory,
+)
+from helpers.core.models import transformer_lm
+from helpers.core.report import Column, Report, format_bytes, format_seconds
+
+
+def demo_transformer(layers: int = 6, width: int = 128, seq_len: int = 128, vocab: int = 512, seed: int = 0) -> nn.Module:
+    """The lecture's model: a small GPT-style transformer whose training memory is mostly activations."""
+    torch.manual_seed(seed)
+    return transformer_lm("tiny", d_model=width, n_layers=layers, max_len=seq_len, vocab_size=vocab)
+
+
+def mean_square_loss(output: torch.Tensor) -> torch.Tensor:
+    """A loss that averages over the batch (as cross-entropy does), so micro-batch losses must be scaled by 1/k."""
+    return output.float().pow(2).mean()
+
+
+# ---------------------------------------------------------------- the comparison report
+
+
+@dataclass
+class SetupMemory:
+    """One setup's training step: memory at the peak by category, and what a real run showed."""
+
+    setup: str
+    peak: int
+    parameters: int
+    gradients: int
+    optimizer_state: int
+    activations: int
+    other: int  # temporaries and the input
+    measured_peak: int | None = None
+    seconds: float | None = None
+    micro_batch: int | None = None
+    same_gradients: bool | None = None
+
+    @classmethod
+    def from_report(cls, setup: str, report: TrainingMemory, **measured) -> "SetupMemory":
+        c = report.categories
+        return cls(setup, report.peak_bytes, c["parameters"], c["gradients"], c["optimizer state"], c["activations"],
+                   c["temporaries"] + c["input"], **measured)
+
+
+OPTIONAL_COLUMNS = (
+    Column("micro_batch", "micro-batch", ","),
+    Column("measured_peak", "peak, real step", format_bytes),
+    Column("seconds", "time per update", format_seconds),
+    Column("same_gradients", "same gradients as one batch"),
+)
+# the categories at the peak: field -> its name in charts (which picks its colour in helpers.core.plots)
+PARTS = {"parameters": "parameters", "gradients": "gradients", "optimizer_state": "optimizer state", "activations": "activations",
+         "other": "temporaries and input"}
+
+
+class MemoryComparison(Report):
+    """Training-step memory of several setups of one model, side by side; ``.row(name)``, ``.plot()``."""
+
+    def __init__(self, rows: list[SetupMemory], title: str, notes: Sequence[str] = ()):
+        self.title = title
+        present = [c for c in OPTIONAL_COLUMNS if any(getattr(r, c.key) is not None for r in rows)]
+        self.columns = (Column("setup", "setup"), *(Column(p, name, format_bytes) for p, name in PARTS.items()),
+                        Column("peak", "peak (estimate)", format_bytes), *present)
+        if any(r.seconds is not None for r in rows):
+            notes = [*notes, "Time per update: one real optimizer update, the fastest of interleaved rounds on one CPU thread "
+                             "(time_interleaved; on a GPU, the GPU's time)."]
+        super().__init__(rows, notes)
+
+    def row(self, prefix: str) -> SetupMemory:
+        """The first row whose setup starts with ``prefix``."""
+        for r in self.rows:
+            if r.setup.startswith(prefix):
+                return r
+        raise KeyError(f"no setup starts with {prefix!r}; setups: {[r.setup for r in self.rows]}")
+
+    def plot(self, ax=None):
+        """Each setup's memory at its peak, stacked by category; a real step's peak as a marker where measured."""
+        names = [textwrap.fill(r.setup, 16) for r in self.rows]
+        parts = {name: [getattr(r, p) for r in self.rows] for p, name in PARTS.items()}
+        ax = plots.stacked_bars(names, parts, ax, title=self.title, ylabel="memory at the peak")
+        measured = [(i, r.measured_peak) for i, r in enumerate(self.rows) if r.measured_peak is not None]
+        if measured:
+            ax.plot([i for i, _ in measured], [m for _, m in measured], "kD", label="peak of a real step")
+        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        plots.bytes_axis(ax)
+        return ax
+
+
+# ---------------------------------------------------------------- a real update, for timing and checks
+
+
+def _chunks(example: ExampleInput, parts: int) -> list[tuple[tuple, dict]]:
+    """The example's tensors cut into ``parts`` micro-batches along the batch dimension."""
+    args, kwargs = split_args(example)
+    batch = batch_size_of(example)
+    if batch % parts:
+        raise ValueError(f"a batch of {batch} does not split into {parts} equal micro-batches; pick a divisor of {batch}")
+    cut_args = [a.chunk(parts) for a in args]
+    cut_kwargs = {k: v.chunk(parts) for k, v in kwargs.items()}
+    return [(tuple(c[i] for c in cut_args), {k: c[i] for k, c in cut_kwargs.items()}) for i in range(parts)]
+
+
+def accumulate(model: nn.Module, example: ExampleInput, micro_batches: int, loss_fn: Callable = mean_square_loss,
+               amp: bool | str = False) -> None:
+    """Forward and backward over ``micro_batches`` equal slices of the batch, each loss scaled by 1/k: ``.grad`` then
+    holds the gradient of the whole batch's (mean) loss."""
+    amp_dtype = autocast_dtype(amp, first_device(model).type)
+    for args, kwargs in _chunks(example, micro_batches):
+        with torch.autocast(first_device(model).type, dtype=amp_dtype, enabled=amp_dtype is not None):
+            loss = loss_fn(model(*args, **kwargs)) / micro_batches
+        loss.backward()
+
+
+def update_function(model: nn.Module, example: ExampleInput, optimizer: OptimizerChoice = "adam", loss_fn: Callable = mean_square_loss,
+                    amp: bool | str = False, micro_batches: int = 1) -> Callable[[], None]:
+    """One real optimizer update of a copy of ``model`` on ``example`` (accumulated over ``micro_batches``), as a function to time."""
+    model = copy.deepcopy(model).train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = make_optimizer(optimizer, params, foreach=None)
+    real_example = _on_device(example, first_device(model))
+
+    def update() -> None:
+        opt.zero_grad(set_to_none=True)
+        accumulate(model, real_example, micro_batches, loss_fn, amp)
+        opt.step()
+
+    return update
+
+
+def _on_device(example: ExampleInput, device: torch.device) -> ExampleInput:
+    args, kwargs = split_args(example)
+    if kwargs:
+        return {k: v.to(device) for k, v in kwargs.items()}
+    moved = [a.to(device) for a in args]
+    return moved[0] if isinstance(example, torch.Tensor) else type(example)(moved)
+
+
+def time_interleaved(functions: Mapping[str, Callable[[], object]], device: torch.device | str | None = None, rounds: int = 3,
+                     cpu_threads: int | None = 1) -> dict[str, float]:
+    """Seconds of one call of each function: the fastest of ``rounds`` interleaved rounds, after a warm-up call each.
+
+    Interleaving makes a passing disturbance of the machine (another process, a frequency
+    change) hit every function alike, and other work on the machine only ever adds time, so
+    the fastest round is the closest to the function's own cost. Work on the CPU runs on
+    ``cpu_threads`` threads (None: torch's setting): the comparisons are relative, and a
+    multi-threaded step on a machine shared with other work can stall for far longer than
+    one thread (every thread waits for the slowest at each operator).
+    """
+    device = torch.device(device) if device is not None else None
+    with threads_for_cpu(cpu_threads):
+        for fn in functions.values():
+            fn()
+        times: dict[str, list[float]] = {name: [] for name in functions}
+        for _ in range(rounds):
+            for name, fn in functions.items():
+                synchronize(device)
+                times[name].append(time_once(fn, sync=device))
+    return {name: min(values) for name, values in times.items()}
+
+
+@contextlib.contextmanager
+def threads_for_cpu(threads: int | None) -> Iterator[None]:
+    """Within the block, torch runs CPU operators on ``threads`` threads (None: as it was); restored afterwards."""
+    saved = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
+
+
+def real_step_peak(model: nn.Module, example: ExampleInput, optimizer: OptimizerChoice, **settings) -> int:
+    """The tensor peak of one real training step under MemTracker (``measure_training_memory``), run on one CPU thread:
+    tensor memory does not depend on the thread count, and one thread is not stalled by other work on the machine."""
+    with threads_for_cpu(1):
+        return measure_training_memory(model, example, optimizer, loss_fn=mean_square_loss, **settings).peak_bytes
+
+
+def _update_times(setups: Mapping, example: ExampleInput, optimizer: OptimizerChoice, rounds: int) -> dict:
+    """Median update time per setup (``update_function`` keyword arguments by key); empty when ``rounds`` is 0."""
+    if rounds <= 0:
+        return {}
+    updates = {key: update_function(example=example, optimizer=optimizer, **settings) for key, settings in setups.items()}
+    device = first_device(next(iter(setups.values()))["model"])
+    return time_interleaved(updates, device, rounds)
+
+
+def example_batch(model: nn.Module, batch_size: int) -> torch.Tensor:
+    """A real batch for ``model``: its ``example_input(batch_size)`` (random token ids), else random values of its ``input_shape``."""
+    if hasattr(model, "example_input"):
+        return model.example_input(batch_size)
+    if not hasattr(model, "input_shape"):
+        raise ValueError(f"{type(model).__name__} has neither example_input() nor input_shape; give it one so a batch can be made")
+    return torch.randn(batch_size, *model.input_shape, device=first_device(model))
+
+
+# ---------------------------------------------------------------- activation checkpointing
+
+
+class Checkpointed(nn.Module):
+    """Runs its modules in sequence keeping only their input: backward runs their forward again (torch.utils.checkpoint)."""
+
+    def __init__(self, *modules: nn.Module):
+        super().__init__()
+        self.inner = nn.Sequential(*modules)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return checkpoint(self.inner, x, use_reentrant=False)
+
+
+def checkpointed(model: nn.Module, every: int = 1, blocks: str = "blocks") -> nn.Module:
+    """A copy of ``model`` whose ``blocks`` (a ModuleList or Sequential run in order) are checkpointed in groups of ``every``.
+
+    Only each group's input is kept for backward, which recomputes the group's activations:
+    memory for time. The copy computes the same function with the same weights.
+    """
+    sequence = getattr(model, blocks, None)
+    if not isinstance(sequence, (nn.ModuleList, nn.Sequential)):
+        raise ValueError(f"{type(model).__name__}.{blocks} is not a ModuleList or Sequential; pass blocks= the name of the "
+                         "attribute holding the layers that run one after another")
+    if every < 1:
+        raise ValueError(f"every must be at least 1 (blocks per checkpointed group), got {every}")
+    result = copy.deepcopy(model)
+    layers = list(getattr(result, blocks))
+    groups = [Checkpointed(*layers[i:i + every]) for i in range(0, len(layers), every)]
+    setattr(result, blocks, type(sequence)(groups) if isinstance(sequence, nn.ModuleList) else nn.Sequential(*groups))
+    return result
+
+
+def checkpointing_memory(model: nn.Module | None = None, batch_size: int = 8, every: Sequence[int] = (1, 2), optimizer: OptimizerChoice = "adam",
+                         measure: bool = True, rounds: int = 3) -> MemoryComparison:
+    """Memory and time of a training step without checkpointing and with its blocks checkpointed in groups of ``every``.
+
+    Memory from ``training_memory``; with ``measure``, a real step's peak beside it; with
+    ``rounds`` > 0, each setup's update time (``time_interleaved``), so the recompute cost
+    shows as extra time.
+    """
+    model = model if model is not None else demo_transformer()
+    example = example_batch(model, batch_size)
+    setups = {"no checkpointing": model} | {f"checkpoint every {k} block{'s' if k > 1 else ''}": checkpointed(model, k) for k in every}
+    seconds = _update_times({name: dict(model=variant) for name, variant in setups.items()}, example, optimizer, rounds)
+    rows = []
+    for name, variant in setups.items():
+        report = training_memory(variant, example, optimizer, loss_fn=mean_square_loss)
+        measured = real_step_peak(variant, example, optimizer) if measure else None
+        rows.append(SetupMemory.from_report(name, report, measured_peak=measured, seconds=seconds.get(name)))
+    base = rows[0]
+    notes = [f"{type(model).__name__}, {len(getattr(model, 'blocks', []))} blocks, batch {batch_size}, {optimizer}; "
+             "the fp32 mean of the squared output as the loss."]
+    for r in rows[1:]:
+        note = f"{r.setup}: activations at the peak {format_bytes(r.activations)} instead of {format_bytes(base.activations)}, peak {100 * r.peak / base.peak:.0f}% of plain"
+        if r.seconds and base.seconds:
+            note += f", update time {100 * (r.seconds / base.seconds - 1):+.0f}% (the recomputed forward)"
+        notes.append(note + ".")
+    return MemoryComparison(rows, "Activation checkpointing: memory for recomputation", notes)
+
+
+# ---------------------------------------------------------------- gradient accumulation
+
+
+def keeping_gradients(optimizer: OptimizerChoice = "adam") -> Callable[[list[nn.Parameter]], torch.optim.Optimizer]:
+    """An optimizer factory whose ``zero_grad`` keeps the gradient tensors (zeroed) instead of freeing them.
+
+    In ``training_memory`` this gives the steady state of gradient accumulation: from the second
+    micro-batch on, the gradients being accumulated are live through forward and backward.
+    """
+
+    def factory(params: list[nn.Parameter]) -> torch.optim.Optimizer:
+        opt = make_optimizer(optimizer, params, foreach=None)
+        plain_zero_grad = type(opt).zero_grad
+        opt.zero_grad = lambda set_to_none=True: plain_zero_grad(opt, set_to_none=False)
+        return opt
+
+    factory.__name__ = optimizer if isinstance(optimizer, str) else getattr(optimizer, "__name__", "optimizer")
+    return factory
+
+
+def gradients_after(model: nn.Module, example: ExampleInput, micro_batches: int, loss_fn: Callable = mean_square_loss) -> list[torch.Tensor]:
+    """The gradients a copy of ``model`` accumulates over ``micro_batches`` slices of ``example``."""
+    model = copy.deepcopy(model)
+    accumulate(model, example, micro_batches, loss_fn)
+    return [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+
+def accumulation_memory(model: nn.Module | None = None, batch_size: int = 16, micro_batch_sizes: Sequence[int] = (16, 8, 4, 2),
+                        optimizer: OptimizerChoice = "adam", check: bool = True, rounds: int = 3) -> MemoryComparison:
+    """One update on a batch of ``batch_size``, accumulated over micro-batches of each size: memory, time, same gradients.
+
+    Memory is one micro-batch's step with the accumulated gradients live (``keeping_gradients``);
+    with ``check``, the real accumulated gradients are compared with the one-batch step's.
+    """
+    model = model if model is not None else demo_transformer()
+    example = example_batch(model, batch_size)
+    bad = [m for m in micro_batch_sizes if m < 1 or batch_size % m]
+    if bad:
+        raise ValueError(f"micro-batch sizes {bad} do not divide the batch of {batch_size}; use divisors of it")
+    same = {}
+    if check:
+        with threads_for_cpu(1):
+            reference = gradients_after(model, example, 1)
+            for micro in micro_batch_sizes:
+                grads = gradients_after(model, example, batch_size // micro)
+                same[micro] = all(torch.allclose(g, r, rtol=1e-4, atol=1e-6) for g, r in zip(grads, reference))
+    seconds = _update_times({m: dict(model=model, micro_batches=batch_size // m) for m in micro_batch_sizes}, example, optimizer, rounds)
+    rows = []
+    for micro in micro_batch_sizes:
+        k = batch_size // micro
+        report = training_memory(model, with_batch(example, micro), optimizer if k == 1 else keeping_gradients(optimizer), loss_fn=mean_square_loss)
+        name = "one batch" if k == 1 else f"{k} micro-batches"
+        rows.append(SetupMemory.from_report(name, report, seconds=seconds.get(micro), micro_batch=micro, same_gradients=same.get(micro)))
+    smallest = rows[-1]
+    notes = [f"{type(model).__name__}, effective batch {batch_size}, {optimizer}; each micro-batch's loss is divided by the number of "
+             "micro-batches, so the summed gradients are those of the batch's mean loss.",
+             f"Peak {format_bytes(rows[0].peak)} at one batch, {format_bytes(smallest.peak)} in micro-batches of {smallest.micro_batch}: "
+             "activations shrink with the micro-batch; parameters, gradients (kept between micro-batches) and optimizer state do not."]
+    return MemoryComparison(rows, f"Gradient accumulation: one update on a batch of {batch_size}", notes)
+
+
+# ---------------------------------------------------------------- mixed precision
+
+
+def half_dtype(device: torch.device) -> torch.dtype:
+    """The half-precision type autocast uses on this device: fp16 on GPUs, bf16 on CPUs."""
+    return autocast_dtype(True, device.type)
+
+
+def precision_memory(model: nn.Module | None = None, batch_size: int = 8, optimizer: OptimizerChoice = "adam",
+                     measure: bool = True) -> MemoryComparison:
+    """The same step in fp32, under autocast, with half weights and an fp32 master copy, and all in half precision."""
+    model = model if model is not None else demo_transformer()
+    example = example_batch(model, batch_size)
+    half = half_dtype(first_device(model))
+    name = str(half).replace("torch.", "")
+    setups = [
+        ("fp32", dict(optimizer=optimizer)),
+        (f"AMP: fp32 weights, {name} autocast", dict(optimizer=optimizer, amp=True)),
+        (f"{name} weights + fp32 master copy", dict(optimizer=MasterWeightAdam, dtype=half)),
+        (f"all {name} (no master copy)", dict(optimizer=optimizer, dtype=half)),
+    ]
+    rows = []
+    for setup, settings in setups:
+        report = training_memory(model, example, loss_fn=mean_square_loss, **settings)
+        measured = None
+        if measure and "dtype" not in settings:
+            measured = real_step_peak(model, example, settings["optimizer"], amp=settings.get("amp", False))
+        rows.append(SetupMemory.from_report(setup, report, measured_peak=measured))
+    fp32, amp, master = rows[0], rows[1], rows[2]
+    notes = [
+        f"Autocast keeps the fp32 weights and optimizer state ({format_bytes(amp.parameters + amp.optimizer_state)} at the peak, as in "
+        f"fp32) and runs matmuls in {name}: activations at the peak {format_bytes(amp.activations)} against {format_bytes(fp32.activations)} "
+        f"in fp32 (the {name} copies of the weights it makes count as activations).",
+        f"{name} weights with an fp32 master copy: the weights halve, but the master copy joins Adam's moments as optimizer state "
+        f"({format_bytes(master.optimizer_state)} against {format_bytes(fp32.optimizer_state)}). All-{name} training saves the most, "
+        "but its updates lose small steps to rounding, which is why the master copy exists.",
+    ]
+    return MemoryComparison(rows, f"Mixed precision: where the memory goes (batch {batch_size})", notes)
+

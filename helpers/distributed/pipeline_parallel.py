@@ -1,0 +1,324 @@
+"""Pipeline parallelism: one stage of the model per worker, micro-batches flowing through, and the bubble.
+
+``pipeline_schedule`` derives a schedule (GPipe: all forwards, then all backwards; or 1F1B)
+on an idealised clock and draws it. ``pipeline_experiment`` runs it for real: one stage per
+gloo worker, activations sent forward and their gradients sent back with send/recv, every
+forward and backward timestamped, so each stage's busy and idle time is measured; the
+bubble is set beside (p - 1) / (m + p - 1), and the gradients beside the unsplit model's.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from helpers.core import plots
+from helpers.distributed.collectives import count_traffic
+from helpers.core.launch import default_threads, launch
+from helpers.core.report import Column, Report, format_bytes, format_seconds
+
+SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B"}  # name -> how it is written
+Op = tuple[str, int]  # ("F" or "B", micro-batch index)
+KIND = {"F": "forward", "B": "backward"}
+
+
+def bubble_fraction(stages: int, micro_batches: int) -> float:
+    """The idle share of a pipeline of equal stages: (p - 1) / (m + p - 1)."""
+    _check(stages, micro_batches)
+    return (stages - 1) / (micro_batches + stages - 1)
+
+
+def _check(stages: int, micro_batches: int, schedule: str = "gpipe") -> None:
+    if stages < 1 or micro_batches < 1:
+        raise ValueError(f"need at least one stage and one micro-batch, got stages={stages}, micro_batches={micro_batches}")
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}; choose one of {list(SCHEDULES)}")
+
+
+def stage_order(stage: int, stages: int, micro_batches: int, schedule: str = "gpipe") -> list[Op]:
+    """The order in which ``stage`` runs its forwards and backwards.
+
+    GPipe: every micro-batch forward, then every backward (last in, first out), so all m
+    micro-batches' activations are held at once. 1F1B: p - stage - 1 forwards to fill the
+    pipe, then one forward and one backward in turn, so at most p - stage are held.
+    """
+    _check(stages, micro_batches, schedule)
+    m = micro_batches
+    if schedule == "gpipe":
+        return [("F", i) for i in range(m)] + [("B", i) for i in reversed(range(m))]
+    warmup = min(stages - stage - 1, m)
+    order = [("F", i) for i in range(warmup)]
+    for i in range(m - warmup):
+        order += [("F", warmup + i), ("B", i)]
+    return order + [("B", i) for i in range(m - warmup, m)]
+
+
+def ideal_timeline(stages: int, micro_batches: int, schedule: str = "gpipe", forward: float | Sequence[float] = 1.0,
+                   backward: float | Sequence[float] = 2.0) -> list[list[tuple]]:
+    """Start and end of every op per stage when each forward takes ``forward`` and each backward ``backward``, communication free.
+
+    Durations are one number for all stages or one per stage. An op starts when its stage is
+    free and its input is ready: a forward needs the previous stage's forward of the same
+    micro-batch, a backward the next stage's backward.
+    """
+    forward = [forward] * stages if isinstance(forward, (int, float)) else list(forward)
+    backward = [backward] * stages if isinstance(backward, (int, float)) else list(backward)
+    orders = [stage_order(s, stages, micro_batches, schedule) for s in range(stages)]
+    done: dict[tuple[str, int, int], float] = {}
+    timeline: list[list[tuple]] = [[] for _ in range(stages)]
+    position, free = [0] * stages, [0.0] * stages
+    while any(position[s] < len(orders[s]) for s in range(stages)):
+        progressed = False
+        for s in range(stages):
+            if position[s] == len(orders[s]):
+                continue
+            kind, i = orders[s][position[s]]
+            needs = ("F", s - 1, i) if kind == "F" and s > 0 else ("B", s + 1, i) if kind == "B" and s < stages - 1 else None
+            if needs is not None and needs not in done:
+                continue
+            start = max(free[s], done.get(needs, 0.0))
+            end = start + (forward[s] if kind == "F" else backward[s])
+            done[kind, s, i], free[s] = end, end
+            timeline[s].append((kind, i, start, end))
+            position[s] += 1
+            progressed = True
+        if not progressed:
+            raise RuntimeError("the schedule deadlocks: a stage waits for an op that never runs")
+    return timeline
+
+
+def bubble_of(timeline: Sequence[Sequence[tuple]]) -> float:
+    """The idle share of a timeline, 1 - busy / (stages x makespan), from (kind, micro-batch, start, end) events per stage."""
+    starts = [e[2] for lane in timeline for e in lane]
+    ends = [e[3] for lane in timeline for e in lane]
+    busy = sum(e[3] - e[2] for lane in timeline for e in lane)
+    return 1 - busy / (len(timeline) * (max(ends) - min(starts)))
+
+
+def _held(order: Sequence[Op]) -> int:
+    """The most micro-batches whose activations a stage holds at once (forwarded, not yet backpropagated)."""
+    held = peak = 0
+    for kind, _ in order:
+        held += 1 if kind == "F" else -1
+        peak = max(peak, held)
+    return peak
+
+
+def _gantt(timeline: Sequence[Sequence[tuple]], ax, title: str, unit: str, scale: float = 1.0):
+    lanes = {f"stage {s}": [(start * scale, end * scale, f"{kind}{i}", KIND[kind]) for kind, i, start, end in lane]
+             for s, lane in enumerate(timeline)}
+    return plots.gantt(lanes, ax, title=title, xlabel=unit)
+
+
+class PipelineSchedule(Report):
+    """A pipeline schedule on an idealised clock: each stage's order of work, busy and idle time, the bubble."""
+
+    columns = (Column("stage", "stage"), Column("order", "order of work"), Column("busy", "busy", ".3g"),
+               Column("idle", "idle", ".3g"), Column("held", "activations held (micro-batches)"))
+
+    def __init__(self, stages: int, micro_batches: int, schedule: str, forward: float, backward: float):
+        self.stages, self.micro_batches, self.schedule = stages, micro_batches, schedule
+        self.timeline = ideal_timeline(stages, micro_batches, schedule, forward, backward)
+        self.makespan = max(e[3] for lane in self.timeline for e in lane)
+        self.bubble = bubble_of(self.timeline)
+        self.formula = bubble_fraction(stages, micro_batches)
+        self.title = f"{SCHEDULES[schedule]} schedule: p = {stages} stages, m = {micro_batches} micro-batches (forward {forward:g}, backward {backward:g} time units)"
+        rows = []
+        for s, lane in enumerate(self.timeline):
+            busy = sum(e[3] - e[2] for e in lane)
+            rows.append(dict(stage=s, order=" ".join(f"{k}{i}" for k, i, _, _ in lane), busy=busy, idle=self.makespan - busy,
+                             held=_held(stage_order(s, stages, micro_batches, schedule))))
+        notes = [f"Idle share (the bubble): {self.bubble:.3f}; (p - 1) / (m + p - 1) = {stages - 1}/{micro_batches + stages - 1} = {self.formula:.3f}."]
+        super().__init__(rows, notes)
+
+    def plot(self, ax=None):
+        return _gantt(self.timeline, ax, f"{SCHEDULES[self.schedule]}: p = {self.stages}, m = {self.micro_batches}, bubble {self.bubble:.0%}", "time (units)")
+
+
+def pipeline_schedule(stages: int = 4, micro_batches: int = 4, schedule: str = "gpipe", forward: float = 1.0, backward: float = 2.0) -> PipelineSchedule:
+    """Derive (and, with ``.plot()``, draw) a GPipe or 1F1B schedule of ``micro_batches`` through ``stages`` equal stages."""
+    return PipelineSchedule(stages, micro_batches, schedule, forward, backward)
+
+
+# ---------------------------------------------------------------- the real pipeline
+
+
+def pipeline_model(stages: int, layers_per_stage: int = 2, width: int = 512, seed: int = 0) -> nn.Sequential:
+    """An MLP cut into ``stages`` equal stages (an nn.Sequential of nn.Sequentials), seeded so every process builds the same."""
+    torch.manual_seed(seed)
+    return nn.Sequential(*(nn.Sequential(*(m for _ in range(layers_per_stage) for m in (nn.Linear(width, width), nn.ReLU())))
+                           for _ in range(stages)))
+
+
+def pipeline_batch(batch: int, width: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(batch, width, generator=g), torch.randn(batch, width, generator=g)
+
+
+def _run_stage(stage: nn.Module, order: Sequence[Op], micro_batches: int, x: torch.Tensor, y: torch.Tensor) -> list[tuple]:
+    """This rank's part of one pipelined forward and backward; returns (kind, micro-batch, start, end) of its compute."""
+    rank, last = dist.get_rank(), dist.get_rank() == dist.get_world_size() - 1
+    xs, ys = x.chunk(micro_batches), y.chunk(micro_batches)
+    inputs: dict[int, torch.Tensor] = {}
+    outputs: dict[int, torch.Tensor] = {}
+    sends, events = [], []
+    t0 = time.perf_counter()
+    for kind, i in order:
+        if kind == "F":
+            if rank == 0:
+                inputs[i] = xs[i]
+            else:
+                inputs[i] = torch.empty_like(xs[i])
+                dist.recv(inputs[i], rank - 1)  # waiting here is idle time
+                inputs[i].requires_grad_()
+            start = time.perf_counter()
+            out = stage(inputs[i])
+            outputs[i] = nn.functional.mse_loss(out, ys[i]) / micro_batches if last else out  # equal chunks: sum = the batch's mean loss
+            events.append(("F", i, start - t0, time.perf_counter() - t0))
+            if not last:
+                sends.append(dist.isend(out.detach(), rank + 1))
+        else:
+            grad = None
+            if not last:
+                grad = torch.empty_like(outputs[i])
+                dist.recv(grad, rank + 1)
+            start = time.perf_counter()
+            outputs.pop(i).backward(grad)
+            events.append(("B", i, start - t0, time.perf_counter() - t0))
+            if rank > 0:
+                sends.append(dist.isend(inputs[i].grad, rank - 1))
+    for request in sends:
+        request.wait()
+    return events
+
+
+def _pipeline_worker(layers_per_stage: int, width: int, batch: int, micro_batch_counts: Sequence[int], schedule: str, repeats: int) -> dict:
+    rank, stages = dist.get_rank(), dist.get_world_size()
+    stage = pipeline_model(stages, layers_per_stage, width)[rank]
+    x, y = pipeline_batch(batch, width)
+    out = {}
+    for m in micro_batch_counts:
+        order = stage_order(rank, stages, m, schedule)
+        attempts = []
+        for _ in range(repeats + 1):  # the first is a warm-up
+            stage.zero_grad(set_to_none=True)
+            dist.barrier()
+            with count_traffic() as traffic:
+                attempts.append(_run_stage(stage, order, m, x, y))
+        out[m] = dict(attempts=attempts[1:], bytes_sent=traffic.bytes_sent, held=_held(order),
+                      grads=[p.grad.clone() for p in stage.parameters()])
+    return out
+
+
+@dataclass
+class PipelineRow:
+    micro_batches: int
+    micro_batch_size: int
+    formula_bubble: float
+    expected_bubble: float
+    measured_bubble: float
+    makespan: float
+    busy_per_stage: str
+    held: int
+    bytes_per_boundary: int
+    same_gradients: bool
+
+
+class PipelineRun(Report):
+    """Measured pipelines, one row per number of micro-batches: the bubble beside the formula, and the gradients checked."""
+
+    columns = (
+        Column("micro_batches", "m"),
+        Column("micro_batch_size", "micro-batch"),
+        Column("formula_bubble", "bubble (p-1)/(m+p-1)", ".3f"),
+        Column("expected_bubble", "bubble from op times", ".3f"),
+        Column("measured_bubble", "bubble measured", ".3f"),
+        Column("makespan", "time per batch", format_seconds),
+        Column("busy_per_stage", "busy per stage"),
+        Column("held", "activations held on stage 0"),
+        Column("bytes_per_boundary", "sent per stage boundary", format_bytes),
+        Column("same_gradients", "same gradients as unsplit"),
+    )
+
+    def __init__(self, rows: list[PipelineRow], timelines: dict[int, list[list[tuple]]], stages: int, schedule: str, notes: list[str]):
+        self.timelines, self.stages, self.schedule = timelines, stages, schedule
+        self.title = f"{SCHEDULES[schedule]} on {stages} real processes (one stage each): measured bubble against the formula"
+        super().__init__(rows, notes)
+
+    def row(self, micro_batches: int) -> PipelineRow:
+        return next(r for r in self.rows if r.micro_batches == micro_batches)
+
+    def plot(self, ax=None):
+        """The bubble against m: measured, and the formula."""
+        ms = [r.micro_batches for r in self.rows]
+        formula, replayed = "(p - 1) / (m + p - 1)", "replayed from measured op times"
+        ax = plots.line_chart({"measured": (ms, [r.measured_bubble for r in self.rows]), formula: (ms, [r.formula_bubble for r in self.rows]),
+                               replayed: (ms, [r.expected_bubble for r in self.rows])}, ax, styles={formula: "--", replayed: ":"},
+                              title=f"Pipeline bubble, p = {self.stages} stages", xlabel="micro-batches m (log scale)",
+                              ylabel="idle share of the stages", logx=True)
+        ax.set_ylim(bottom=0)
+        return ax
+
+    def plot_timeline(self, micro_batches: int | None = None, ax=None):
+        """Each stage's forwards and backwards on the measured clock (milliseconds)."""
+        m = micro_batches or max(self.timelines)
+        return _gantt(self.timelines[m], ax, f"Measured {SCHEDULES[self.schedule]}: p = {self.stages}, m = {m}, bubble {self.row(m).measured_bubble:.0%}",
+                      "time since the start (ms)", scale=1e3)
+
+
+def _expected_bubble(timeline: list[list[tuple]], micro_batches: int, schedule: str) -> float:
+    """The bubble the schedule would have with each stage's median measured forward and backward times and free communication."""
+    def median_of(lane, kind):
+        return statistics.median(e[3] - e[2] for e in lane if e[0] == kind)
+
+    forward = [median_of(lane, "F") for lane in timeline]
+    backward = [median_of(lane, "B") for lane in timeline]
+    return bubble_of(ideal_timeline(len(timeline), micro_batches, schedule, forward, backward))
+
+
+def _reference_gradients(stages: int, layers_per_stage: int, width: int, batch: int) -> list[list[torch.Tensor]]:
+    """Gradients of the whole, unsplit model on the whole batch (mean squared error), per stage."""
+    model = pipeline_model(stages, layers_per_stage, width)
+    x, y = pipeline_batch(batch, width)
+    nn.functional.mse_loss(model(x), y).backward()
+    return [[p.grad for p in stage.parameters()] for stage in model]
+
+
+def pipeline_experiment(stages: int = 2, micro_batches: Sequence[int] = (1, 2, 4, 8), batch: int = 512, width: int = 768,
+                        layers_per_stage: int = 2, schedule: str = "gpipe", repeats: int = 3, timeout: float = 120) -> PipelineRun:
+    """Run an MLP as a ``stages``-stage pipeline on real workers for each number of micro-batches; measure its bubble.
+
+    For each m: ``repeats`` timed runs after a warm-up, the one with the median time reported.
+    Busy time is compute (forward, loss, backward); waiting in recv counts as idle.
+    """
+    for m in micro_batches:
+        _check(stages, m, schedule)
+        if batch % m:
+            raise ValueError(f"the batch of {batch} does not split into {m} equal micro-batches; use divisors of it")
+    per_rank = launch(_pipeline_worker, stages, args=(layers_per_stage, width, batch, list(micro_batches), schedule, max(repeats, 1)),
+                      timeout=timeout, echo=False)
+    reference = _reference_gradients(stages, layers_per_stage, width, batch)
+    rows, timelines = [], {}
+    for m in micro_batches:
+        attempts = [[per_rank[s][m]["attempts"][a] for s in range(stages)] for a in range(len(per_rank[0][m]["attempts"]))]
+        spans = [max(e[3] for lane in t for e in lane) - min(e[2] for lane in t for e in lane) for t in attempts]
+        chosen = attempts[spans.index(statistics.median_low(spans))]
+        timelines[m] = chosen
+        same = all(torch.allclose(g, r, rtol=1e-4, atol=1e-6) for s in range(stages) for g, r in zip(per_rank[s][m]["grads"], reference[s]))
+        busy = ", ".join(f"{sum(e[3] - e[2] for e in lane) * 1e3:.1f} ms" for lane in chosen)
+        both_ways = sum(per_rank[s][m]["bytes_sent"] for s in range(stages)) // max(stages - 1, 1)
+        rows.append(PipelineRow(m, batch // m, bubble_fraction(stages, m), _expected_bubble(chosen, m, schedule), bubble_of(chosen),
+                                statistics.median_low(spans), busy, per_rank[0][m]["held"], both_ways, same))
+    notes = [f"An MLP of {stages * layers_per_stage} linear {width}x{width} layers, {layers_per_stage} per stage, batch {batch}; "
+             f"each stage a process with {default_threads(stages)} CPU thread(s); activations go forward and their gradients back "
+             "with isend/recv (counted: 'sent per stage boundary', both directions).",
+             "Bubble measured = 1 - (busy time of all stages) / (stages x time per batch); waiting for a message counts as idle. "
+             "'From op times' replays the schedule with each stage's median measured forward and backward times and free "
+             "messages: the formula assumes equal stages, and these are not quite (the first stage computes no gradient for its "
+             "input, the last adds the loss). The rest of the gap is messages and the machine's other work."]
+    return PipelineRun(rows, timelines, stages, schedule, notes)

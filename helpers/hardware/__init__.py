@@ -1,0 +1,18 @@
+"""Lecture 1 and the hardware-ecosystem lecture: benchmarks, op counts, working sets, AlexNet, systolic arrays.
+
+Public face of ``helpers.hardware``; names load on first use.
+"""
+from helpers.core.lazy import lazy_exports
+
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    ".bench": ["MatmulSweep", "batch_throughput", "benchmark_mistakes", "caching_allocator_demo",
+               "copy_compute_overlap", "cudnn_benchmark_demo", "matmul_gflops", "matmul_sweep",
+               "tensor_core_shapes", "time_matmul", "transfer_sweep"],
+    ".flops": ["profile_ops"],
+    ".oom": ["fit_batch"],
+    ".alexnet": ["profile_layer_alexnet"],
+    ".widgets": ["alexnet_explorer"],
+    ".starvation": ["starvation_sweep"],
+    ".systolic": ["compare_dataflows", "systolic_matmul"],
+    ".workingset": ["estimate_training_for", "memory_levels"],
+})

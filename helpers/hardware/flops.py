@@ -1,0 +1,246 @@
+"""Per-layer operation counts (``profile_ops``): the lecture's classic convention, true FLOPs, and MACs.
+
+One forward pass on fake tensors (no memory, no compute, so meta-device models work
+too) is watched at the level of aten operators. Each operator is charged to the
+innermost module running it; its count comes from two sources:
+
+- "flops": torch.utils.flop_counter.FlopCounterMode, so the total is FlopCounterMode's
+  own. It counts matrix products and convolutions (2 FLOPs per multiply-accumulate) and
+  nothing else: element-wise work is free in this convention.
+- "macs": multiply-accumulates, half of FlopCounterMode's count (every operator it
+  counts is a sum of products).
+- "classic": the lecture's hand-count: convolution = MACs + 1 per output with a bias;
+  linear = in_features x outputs (bias not counted); ReLU = 2 per element; max-pool =
+  kernel elements - 1 per output; average-pool = kernel elements per output; batch-norm
+  = 2 per element; element-wise add/mul = 1 per element. Other operators are listed as
+  not counted.
+"""
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode
+
+from helpers.core import plots
+from helpers.core.fake import ExampleInput, as_example, explain_fake_failures, fake_copy, fake_inputs, fake_mode, first_device, split_args
+from helpers.core.report import Column, Report
+
+CONVENTIONS = ("classic", "flops", "macs")
+aten = torch.ops.aten
+
+
+# ---------------------------------------------------------------- the classic convention, one rule per operator
+
+
+def _prod(values) -> int:
+    return math.prod(int(v) for v in values)
+
+
+def _kernel_elements(kernel_size, spatial_dims: int) -> int:
+    sizes = list(kernel_size) if isinstance(kernel_size, (list, tuple)) else [kernel_size]
+    return _prod(sizes * spatial_dims if len(sizes) == 1 else sizes)
+
+
+def _conv(args, out) -> int:
+    x, weight, bias, transposed = args[0], args[1], args[2], args[6]
+    per_kernel = weight.shape[1] * _prod(weight.shape[2:])  # (in_channels / groups) x kernel elements
+    macs = (x.numel() if transposed else out.numel()) * per_kernel
+    return macs + (out.numel() if bias is not None else 0)
+
+
+def _mm(a, b) -> int:
+    return _prod(a.shape) * b.shape[-1]  # (batch x) m x k x n
+
+
+def _max_pool(dims: int) -> Callable:
+    return lambda args, out: out[0].numel() * (_kernel_elements(args[1], dims) - 1)
+
+
+def _avg_pool(dims: int) -> Callable:
+    return lambda args, out: out.numel() * _kernel_elements(args[1], dims)
+
+
+def _per_element(n: int, of: str = "out") -> Callable:
+    return lambda args, out: n * (args[0].numel() if of == "in" else out.numel())
+
+
+CLASSIC_RULES: dict = {
+    aten.convolution: _conv,
+    aten.addmm: lambda args, out: _mm(args[1], args[2]),
+    aten.mm: lambda args, out: _mm(args[0], args[1]),
+    aten.bmm: lambda args, out: _mm(args[0], args[1]),
+    aten.baddbmm: lambda args, out: _mm(args[1], args[2]),
+    aten.relu: _per_element(2),
+    aten.relu_: _per_element(2),
+    aten.max_pool1d_with_indices: _max_pool(1),
+    aten.max_pool2d_with_indices: _max_pool(2),
+    aten.max_pool3d_with_indices: _max_pool(3),
+    aten.avg_pool1d: _avg_pool(1),
+    aten.avg_pool2d: _avg_pool(2),
+    aten.avg_pool3d: _avg_pool(3),
+    aten._adaptive_avg_pool2d: _per_element(1, of="in"),  # each input element is added once
+    aten.mean: _per_element(1, of="in"),
+    aten.native_batch_norm: _per_element(2, of="in"),
+    aten._native_batch_norm_legit: _per_element(2, of="in"),
+    aten._native_batch_norm_legit_no_training: _per_element(2, of="in"),
+    aten.add: _per_element(1),
+    aten.add_: _per_element(1),
+    aten.mul: _per_element(1),
+    aten.mul_: _per_element(1),
+}
+# Operators that do no arithmetic (allocation, copies, casts, lookups): never reported as "not counted".
+NO_ARITHMETIC = {aten.empty, aten.empty_strided, aten.zeros, aten.ones, aten.full, aten.arange, aten.scalar_tensor,
+                 aten.clone, aten.copy_, aten._to_copy, aten.detach, aten.lift_fresh, aten.constant_pad_nd, aten.cat,
+                 aten._unsafe_view, aten.embedding}
+
+
+def _is_view(func) -> bool:
+    return any(r.alias_info is not None for r in func._schema.returns)
+
+
+# ---------------------------------------------------------------- counting
+
+
+@dataclass
+class OpRow:
+    layer: str
+    type: str
+    classic: int
+    flops: int
+    macs: int
+    ops: int = 0  # the count in the report's convention
+    share: float = 0.0  # percent of the report's total
+
+
+class _OpCounter(TorchDispatchMode):
+    """Charges every aten operator to the innermost running module, in all three conventions."""
+
+    def __init__(self, model: nn.Module, flop_counter: FlopCounterMode):
+        super().__init__()
+        self.flop_counter = flop_counter
+        self.stack: list[str] = []
+        self.leaf = {name: not any(True for _ in m.children()) for name, m in model.named_modules()}
+        self.type = {name: type(m).__name__ for name, m in model.named_modules()}
+        self.rows: dict[tuple[str, str], OpRow] = {}
+        self.uncounted: Counter = Counter()
+        self.handles = []
+        for name, module in model.named_modules():
+            self.handles.append(module.register_forward_pre_hook(lambda m, a, name=name: self._enter(name)))
+            self.handles.append(module.register_forward_hook(lambda m, a, o: self._leave()))
+
+    def _enter(self, name: str) -> None:
+        self.stack.append(name)
+
+    def _leave(self) -> None:  # a forward hook that returns None leaves the output alone
+        self.stack.pop()
+
+    def remove_hooks(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        before = self.flop_counter.get_total_flops()
+        out = func(*args, **(kwargs or {}))
+        if func.namespace == "prim":  # metadata queries such as prim::device
+            return out
+        flops = self.flop_counter.get_total_flops() - before
+        packet = func.overloadpacket
+        rule = CLASSIC_RULES.get(packet)
+        classic = rule(args, out) if rule else 0
+        arithmetic_not_counted = rule is None and packet not in NO_ARITHMETIC and not _is_view(func)
+        if arithmetic_not_counted:
+            self.uncounted[packet.__name__] += 1
+        if classic or flops or arithmetic_not_counted:
+            row = self._row(packet.__name__)
+            row.classic += classic
+            row.flops += flops
+        return out
+
+    def _row(self, op_name: str) -> OpRow:
+        module = self.stack[-1] if self.stack else ""
+        # A leaf module's operators are that layer's; a container's own operators are functional calls in its forward.
+        key = (module, "" if self.leaf.get(module, False) else op_name)
+        if key not in self.rows:
+            label = module or "(model)"
+            kind = self.type.get(module, "") if not key[1] else f"{op_name.lstrip('_')} (functional)"
+            self.rows[key] = OpRow(label, kind, 0, 0, 0)
+        return self.rows[key]
+
+
+class OpsProfile(Report):
+    """Operations per layer of one forward pass; ``.total`` in the chosen convention, ``.totals`` in all three."""
+
+    def __init__(self, rows: list[OpRow], convention: str, model_name: str, input_shapes: list[tuple], uncounted: Counter):
+        self.convention = convention
+        self.model_name = model_name
+        self.input_shapes = input_shapes
+        self.totals = {c: sum(getattr(r, c) for r in rows) for c in CONVENTIONS}
+        self.total = self.totals[convention]
+        for r in rows:
+            r.ops = getattr(r, convention)
+            r.share = 100 * r.ops / self.total if self.total else 0.0
+        self.title = f"Operations per layer of {model_name} ({convention} convention)"
+        self.columns = (Column("layer", "layer"), Column("type", "type"), Column("ops", UNITS[convention], ","), Column("share", "share", ".1f"))
+        shapes = ", ".join(str(tuple(s)) for s in input_shapes)
+        notes = [f"Input size: {shapes}", f"Total: {self.total:,} {UNITS[convention]} (approx. {self.total / 1e9:.3g} G)"]
+        if convention == "classic" and uncounted:
+            listed = ", ".join(f"{name} (x{n})" for name, n in sorted(uncounted.items()))
+            notes.append(f"Not counted by the classic convention: {listed}.")
+        if convention in ("flops", "macs"):
+            notes.append("Counted by torch.utils.flop_counter.FlopCounterMode: matrix products and convolutions only.")
+            missed = sorted({r.type for r in rows if "attention" in r.type and r.flops == 0})
+            if missed:
+                notes.append(f"FlopCounterMode has no formula for {', '.join(missed)}: attention's own FLOPs are missing here.")
+        super().__init__(rows, notes)
+
+    def by_type(self) -> dict[str, int]:
+        """Ops summed per layer type (Conv2d, ReLU, ... and functional operators)."""
+        totals: Counter = Counter()
+        for r in self.rows:
+            totals[r.type] += r.ops
+        return dict(totals.most_common())
+
+    def plot(self, ax=None, smallest_share: float = 0.05):
+        """A pie of ops by layer type; types under ``smallest_share`` of the total are merged into one slice."""
+        shares = self.by_type()
+        small = [t for t, v in shares.items() if v < smallest_share * self.total]
+        if len(small) > 1:
+            shares = {t: v for t, v in shares.items() if t not in small}
+            shares["other: " + ", ".join(small)] = sum(self.by_type()[t] for t in small)
+        return plots.pie_chart(shares, ax, title=f"{self.model_name}: {UNITS[self.convention]} by layer type")
+
+
+UNITS = {"classic": "ops", "flops": "FLOPs", "macs": "MACs"}
+
+
+def profile_ops(model: nn.Module, shape: tuple | ExampleInput | None = None, convention: str = "classic") -> OpsProfile:
+    """Count the operations of one forward pass of ``model`` per layer, in the ``convention`` asked for.
+
+    ``shape`` is the input's shape (batch first, float input) or example input tensors;
+    by default one sample of the model's ``input_shape``. Runs on fake tensors, so it
+    costs no memory and works on meta-device models; the model itself is not changed.
+    """
+    if convention not in CONVENTIONS:
+        raise ValueError(f"unknown convention {convention!r}; choose one of {CONVENTIONS}")
+    example = as_example(model, shape)
+    mode = fake_mode()
+    fake_model = fake_copy(model, mode).eval()
+    args, kwargs = fake_inputs(example, mode, first_device(fake_model))
+    flop_counter = FlopCounterMode(display=False)
+    counter = _OpCounter(fake_model, flop_counter)
+    try:
+        with mode, torch.no_grad(), explain_fake_failures(model, "counted"), flop_counter, counter:
+            fake_model(*args, **kwargs)
+    finally:
+        counter.remove_hooks()
+    rows = list(counter.rows.values())
+    for r in rows:
+        r.macs = r.flops // 2
+    shapes = [tuple(t.shape) for t in (*split_args(example)[0], *split_args(example)[1].values())]
+    return OpsProfile(rows, convention, type(model).__name__, shapes, counter.uncounted)

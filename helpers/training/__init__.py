@@ -1,0 +1,19 @@
+"""Lecture 5: number formats and mixed precision, data pipelines, profiling, compilation.
+
+Public face of ``helpers.training``; names load on first use.
+"""
+from helpers.core.lazy import lazy_exports
+
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    ".precision": ["TENSOR_CORE_MULTIPLES", "autocast_ops", "dynamic_loss_scaling", "loss_scaling",
+                   "number_formats", "tensor_core_alignment"],
+    ".amp": ["amp_comparison", "step_memory"],
+    ".data_pipelines": ["BucketBatchSampler", "pad_batch", "padding_strategies", "storage_formats",
+                        "synthetic_images"],
+    ".sequences": ["PAD", "pad_to", "padding_share", "synthetic_sequences"],
+    ".profiling": ["anomaly_demo", "cprofile", "py_spy", "torch_profile"],
+    ".patterns": ["diagnose", "profile_patterns"],
+    ".compiling": ["eager_vs_compiled"],
+    ".workloads": ["make_compute_bound", "make_input_pipeline", "make_sync_bound", "tiny_mlp"],
+    ".syncs": ["count_host_syncs"],
+})

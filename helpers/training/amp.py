@@ -1,0 +1,146 @@
+"""What automatic mixed precision saves on one training step: time (measured), and memory by category
+(weights, gradients, optimizer state, activations) from ``helpers.core.memory.training_memory``.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+from helpers.core import plots
+from helpers.core.timing import timeit
+from helpers.core.device import gpu_notice, pick_device
+from helpers.core.memory import default_loss, make_optimizer, training_memory
+from helpers.training.precision import DTYPE_NAMES, amp_dtype
+from helpers.core.report import Column, Report, format_bytes, format_seconds
+
+
+@dataclass
+class StepMemory:
+    """Bytes of one training step by category; ``activation_bytes`` is the most forward keeps for backward."""
+
+    mode: str
+    parameters: int
+    param_bytes: int
+    grad_bytes: int
+    optimizer_bytes: int
+    activation_bytes: int
+    peak_bytes: int
+
+    @property
+    def bytes_per_parameter(self) -> float:
+        """Persistent training state (weights, gradients, optimizer state) per parameter."""
+        return (self.param_bytes + self.grad_bytes + self.optimizer_bytes) / self.parameters
+
+
+def _train_step(model, optimizer, x, low: torch.dtype | None, scaler=None) -> None:
+    """Forward (under autocast when ``low`` is set), the loss, backward, optimizer step."""
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(x.device.type, dtype=low or torch.float32, enabled=low is not None):
+        out = model(x)
+    loss = default_loss(out)
+    if scaler is None:
+        loss.backward()
+        optimizer.step()
+    else:
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+
+
+def step_memory(
+    model: nn.Module,
+    example_input: torch.Tensor,
+    optimizer: str | Callable = "adam",
+    amp: str | None = None,
+    device: str | torch.device | None = None,
+) -> StepMemory:
+    """One training step's memory by category, from ``training_memory`` (fake tensors: nothing is allocated).
+
+    ``optimizer`` is one of training_memory's names ("sgd", "sgd_momentum", "adam") or a
+    factory; ``amp`` is None (fp32), "bf16" or "fp16". The activations are the largest
+    amount forward held at any point of the step; the tests check training_memory
+    against real steps.
+    """
+    device = pick_device(device)
+    low = amp_dtype(device, amp) if amp else None
+    report = training_memory(model, example_input, optimizer, amp=low or False, device=device)
+    on_device = [snapshot.get(report.device, {}) for _, snapshot in report.timeline]
+    return StepMemory(
+        mode=f"AMP {DTYPE_NAMES[low]}" if low else "fp32",
+        parameters=report.param_count,
+        param_bytes=report.param_bytes,
+        grad_bytes=report.grad_bytes,
+        optimizer_bytes=report.state_bytes,
+        activation_bytes=max((s.get("activations", 0) for s in on_device), default=0),
+        peak_bytes=report.peak_bytes,
+    )
+
+
+@dataclass
+class PrecisionRun:
+    mode: str
+    step_seconds: float
+    speedup: float
+    memory: StepMemory
+
+
+class AmpComparison(Report):
+    """fp32 against AMP on one model: step time, and memory by category."""
+
+    title = "fp32 vs automatic mixed precision: one training step"
+    columns = (
+        Column("mode", "mode"),
+        Column("step_seconds", "step time", format_seconds),
+        Column("speedup", "speed-up", ".2f"),
+        Column("memory", "weights", lambda m: format_bytes(m.param_bytes)),
+        Column("memory", "gradients", lambda m: format_bytes(m.grad_bytes)),
+        Column("memory", "optimizer state", lambda m: format_bytes(m.optimizer_bytes)),
+        Column("memory", "activations", lambda m: format_bytes(m.activation_bytes)),
+        Column("memory", "peak", lambda m: format_bytes(m.peak_bytes)),
+        Column("memory", "bytes / parameter", lambda m: f"{m.bytes_per_parameter:.1f}"),
+    )
+
+    def __init__(self, rows, notice: str | None):
+        fp32, amp = rows
+        notes = [f"activations: {amp.memory.activation_bytes / fp32.memory.activation_bytes:.2f}x of fp32; "
+                 f"weights + gradients + optimizer state: {amp.memory.bytes_per_parameter:.1f} vs {fp32.memory.bytes_per_parameter:.1f} bytes per parameter"]
+        super().__init__(rows, notes)
+        self.notice = notice
+        self.fp32, self.amp = fp32, amp
+
+    def plot(self, ax=None):
+        parts = {
+            "weights": [r.memory.param_bytes / 2**20 for r in self.rows],
+            "gradients": [r.memory.grad_bytes / 2**20 for r in self.rows],
+            "optimizer state": [r.memory.optimizer_bytes / 2**20 for r in self.rows],
+            "activations": [r.memory.activation_bytes / 2**20 for r in self.rows],
+        }
+        return plots.stacked_bars([r.mode for r in self.rows], parts, ax, title="Training memory by category", ylabel="MiB")
+
+
+def amp_comparison(
+    model: nn.Module,
+    example_input: torch.Tensor,
+    device: str | torch.device | None = None,
+    amp: str | None = None,
+    optimizer: str | Callable = "adam",
+    min_run_time: float = 0.5,
+) -> AmpComparison:
+    """Time a training step and measure its memory in fp32 and under autocast (bf16 on a CPU, fp16 on a GPU by default)."""
+    device = pick_device(device)
+    notice = gpu_notice("tensor-core mixed precision", device)
+    low = amp_dtype(device, amp)
+    rows = []
+    for dtype in (None, low):
+        net = copy.deepcopy(model).to(device)
+        opt = make_optimizer(optimizer, list(net.parameters()), foreach=None)
+        scaler = torch.amp.GradScaler(device.type) if dtype == torch.float16 else None
+        x = example_input.to(device)
+        seconds = timeit(_train_step, net, opt, x, dtype, scaler, device=device, min_run_time=min_run_time).median
+        memory = step_memory(model, example_input, optimizer, DTYPE_NAMES[dtype] if dtype else None, device)
+        rows.append(PrecisionRun(memory.mode, seconds, rows[0].step_seconds / seconds if rows else 1.0, memory))
+    return AmpComparison(rows, notice)

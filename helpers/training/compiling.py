@@ -1,0 +1,124 @@
+"""Eager vs compiled execution, measured: torch.compile's one-off compile time apart from its steady-state speed-up,
+with TorchScript as the fallback where torch.compile cannot run (no C++ compiler, an unsupported platform).
+"""
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from helpers.core import plots
+from helpers.core.timing import timeit
+from helpers.core.device import cpu_threads, pick_device, synchronize
+from helpers.core.report import Column, Report, format_seconds
+
+
+@dataclass
+class ExecutionMode:
+    mode: str
+    first_call_seconds: float
+    steady_seconds: float
+    compile_seconds: float
+    speedup: float
+    max_difference: float
+    break_even_calls: float | None
+
+
+class CompiledComparison(Report):
+    """Eager vs compiled: first call (compilation included), steady-state time per call, and when compiling pays off."""
+
+    title = "Eager vs compiled execution"
+    columns = (
+        Column("mode", "mode"),
+        Column("first_call_seconds", "first call", format_seconds),
+        Column("compile_seconds", "compile time", format_seconds),
+        Column("steady_seconds", "per call after", format_seconds),
+        Column("speedup", "speed-up", ".2f"),
+        Column("break_even_calls", "pays off after", lambda n: f"{n:,.0f} calls"),
+        Column("max_difference", "max |difference|", ".2g"),
+    )
+
+    def __init__(self, rows, program: str, fallback_reason: str | None):
+        notes = [program]
+        if fallback_reason:
+            notes.append(f"torch.compile could not run here ({fallback_reason}); TorchScript was used instead")
+        super().__init__(rows, notes)
+        self.program, self.fallback_reason = program, fallback_reason
+        self.eager, self.compiled = rows
+
+    def plot(self, ax=None):
+        return plots.horizontal_bars([r.mode for r in self.rows], [r.steady_seconds * 1e3 for r in self.rows], ax,
+                                     title=f"{self.program}: time per call", xlabel="milliseconds")
+
+
+def _first_call(fn: Callable, args, device: torch.device) -> tuple[float, object]:
+    start = time.perf_counter()
+    out = fn(*args)
+    synchronize(device)
+    return time.perf_counter() - start, out
+
+
+def _difference(a, b) -> float:
+    a, b = (torch.stack(x) if isinstance(x, (list, tuple)) else x for x in (a, b))
+    return (a.float() - b.float()).abs().max().item()
+
+
+def compile_or_script(fn: Callable, args: tuple, backend: str = "inductor", mode: str | None = None):
+    """``torch.compile(fn)`` and its output on ``args``; if compiling fails, ``torch.jit.trace(fn)`` instead.
+
+    Returns (compiled function, output, label, why torch.compile failed or None).
+    Compilation happens lazily on the first call, so that call is made here.
+    """
+    torch._dynamo.reset()  # a fresh start, so the first call pays the whole compilation
+    try:
+        compiled = torch.compile(fn, backend=backend, mode=mode)
+        return compiled, compiled(*args), f"torch.compile ({backend})", None
+    except Exception as err:  # noqa: BLE001 - any compiler failure means: fall back, and say why
+        reason = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"[:300]
+    torch._dynamo.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # TorchScript is deprecated in favour of torch.compile; we know
+        scripted = torch.jit.trace(fn, args)
+    return scripted, scripted(*args), "TorchScript (torch.jit.trace)", reason
+
+
+def eager_vs_compiled(
+    fn: Callable,
+    *args,
+    program: str = "",
+    device: str | torch.device | None = None,
+    backend: str = "inductor",
+    mode: str | None = None,
+    min_run_time: float = 0.3,
+    threads: int | None = None,
+) -> CompiledComparison:
+    """Time ``fn(*args)`` eagerly and compiled, under torch.no_grad() (inference).
+
+    The compiled first call includes tracing, code generation and (for inductor
+    on a CPU) a C++ compiler run; the steady-state time is taken after it with
+    helpers.timeit. If torch.compile fails, TorchScript is measured instead and
+    the reason is reported. ``threads`` runs everything on that many CPU threads:
+    for tiny tensors one is right (eager PyTorch would not split them anyway,
+    while compiled loops may, and then wait on a busy core).
+    """
+    device = pick_device(device)
+    with torch.no_grad(), cpu_threads(threads if device.type == "cpu" else None):
+        eager_first, reference = _first_call(fn, args, device)
+        eager_steady = timeit(fn, *args, device=device, min_run_time=min_run_time).median
+        start = time.perf_counter()
+        compiled, output, label, reason = compile_or_script(fn, args, backend, mode)
+        synchronize(device)
+        compiled_first = time.perf_counter() - start
+        compiled_steady = timeit(compiled, *args, device=device, min_run_time=min_run_time).median
+    saving = eager_steady - compiled_steady
+    compile_seconds = max(compiled_first - compiled_steady, 0.0)
+    eager = ExecutionMode("eager", eager_first, eager_steady, 0.0, 1.0, 0.0, None)
+    fast = ExecutionMode(label, compiled_first, compiled_steady, compile_seconds, eager_steady / compiled_steady,
+                         _difference(reference, output), compile_seconds / saving if saving > 0 else None)
+    program = program or getattr(fn, "__name__", type(fn).__name__)
+    if threads and device.type == "cpu":
+        program += f", on {threads} CPU thread{'s' if threads > 1 else ''}"
+    return CompiledComparison([eager, fast], program, reason)

@@ -1,0 +1,325 @@
+"""Data pipelines, measured: storage formats and decoding cost of images, and padding a whole data set vs per batch vs
+length bucketing for sequences.
+
+The images are generated (smooth colour fields plus sensor-like noise, so PNG and JPEG compress them as they
+would photos); the sequences are random tokens with log-normal lengths, as sentence lengths are.
+"""
+from __future__ import annotations
+
+import io
+import math
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
+import torch
+from PIL import Image
+from torch import nn
+from torch.utils.data import DataLoader, Sampler, TensorDataset
+
+from helpers.core import plots
+from helpers.core.timing import timeit
+from helpers.core.device import pick_device, synchronize
+from helpers.core.report import Column, Report, format_bytes, format_seconds
+from helpers.training.sequences import PAD, SequenceData, pad_to
+
+# ---------------------------------------------------------------- images: storage formats and decoding
+
+
+def synthetic_images(n: int, size: int = 256, seed: int = 0) -> np.ndarray:
+    """``n`` photo-like RGB images, uint8, n x size x size x 3: smooth colour waves plus noise."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:size, 0:size] / size
+    images = np.empty((n, size, size, 3), np.uint8)
+    for i in range(n):
+        freq = rng.uniform(1, 6, (3, 2))
+        phase = rng.uniform(0, 2 * math.pi, 3)
+        waves = np.stack([np.sin(2 * math.pi * (freq[c, 0] * x + freq[c, 1] * y) + phase[c]) for c in range(3)], -1)
+        images[i] = np.clip(127.5 + 80 * waves + rng.normal(0, 12, (size, size, 3)), 0, 255)
+    return images
+
+
+@dataclass
+class StorageFormat:
+    """How one way of storing a data set reads back: ``read_seconds`` to get the bytes, ``decode_seconds`` to get pixels."""
+
+    format: str
+    files: int
+    disk_bytes: int
+    read_seconds: float
+    decode_seconds: float
+
+    @property
+    def total_seconds(self) -> float:
+        return self.read_seconds + self.decode_seconds
+
+
+class StorageFormats(Report):
+    """One epoch over the same images stored four ways: reading the bytes, then decoding them."""
+
+    title = "Reading one epoch of images: storage format and decoding"
+    columns = (
+        Column("format", "stored as"),
+        Column("files", "files"),
+        Column("disk_bytes", "on disk", format_bytes),
+        Column("read_seconds", "read", format_seconds),
+        Column("decode_seconds", "decode", format_seconds),
+        Column("total_seconds", "total", format_seconds),
+        Column("images_per_second", "images/s", ",.0f"),
+    )
+
+    def __init__(self, rows, images: int, directory: Path):
+        for row in rows:
+            row.images_per_second = images / row.total_seconds
+        fastest = min(rows, key=lambda r: r.total_seconds)
+        notes = [f"{images} images; files written under {directory}. They were just written, so they come from the OS page "
+                 f"cache: this measures per-file overhead and decoding, not the disk (on network storage per-file costs grow).",
+                 f"fastest: {fastest.format}"]
+        super().__init__(rows, notes)
+        self.images, self.directory = images, directory
+
+    def by_format(self, prefix: str) -> StorageFormat:
+        return next(r for r in self.rows if r.format.startswith(prefix))
+
+    def plot(self, ax=None):
+        names = [r.format for r in self.rows]
+        parts = {"read": [r.read_seconds * 1e3 for r in self.rows], "decode": [r.decode_seconds * 1e3 for r in self.rows]}
+        return plots.stacked_bars(names, parts, ax, title="One epoch of images", ylabel="milliseconds")
+
+
+def _write_image_files(images: np.ndarray, directory: Path, fmt: str, **options) -> list[Path]:
+    paths = []
+    for i, image in enumerate(images):
+        path = directory / f"{i:06d}.{fmt.lower()}"
+        Image.fromarray(image).save(path, fmt, **options)
+        paths.append(path)
+    return paths
+
+
+def _read_all(paths: Sequence[Path]) -> list[bytes]:
+    return [p.read_bytes() for p in paths]
+
+
+def _decode_images(blobs: Sequence[bytes]) -> list[np.ndarray]:
+    return [np.asarray(Image.open(io.BytesIO(b)).convert("RGB")) for b in blobs]
+
+
+def _decode_npy(blobs: Sequence[bytes]) -> list[np.ndarray]:
+    return [np.load(io.BytesIO(b)) for b in blobs]
+
+
+def storage_formats(images: np.ndarray, directory: str | Path, jpeg_quality: int = 90, min_run_time: float = 0.3) -> StorageFormats:
+    """Write ``images`` as PNG files, JPEG files, one .npy file each, and one packed .npy array; time one epoch of each.
+
+    Each epoch reads every image once in a shuffled order, as a training loader
+    does. Reading and decoding are timed separately; the packed array is opened
+    memory-mapped, so reading an image is a slice and there is nothing to decode.
+    """
+    directory = Path(directory)
+    order = np.random.default_rng(0).permutation(len(images))
+    rows = []
+    for fmt, options in (("PNG", {}), ("JPEG", {"quality": jpeg_quality})):
+        folder = directory / fmt.lower()
+        folder.mkdir(parents=True, exist_ok=True)
+        paths = _write_image_files(images, folder, fmt, **options)
+        shuffled = [paths[i] for i in order]
+        blobs = _read_all(shuffled)
+        rows.append(StorageFormat(f"{fmt} files", len(paths), sum(len(b) for b in blobs),
+                                  timeit(_read_all, shuffled, min_run_time=min_run_time).median,
+                                  timeit(_decode_images, blobs, min_run_time=min_run_time).median))
+    folder = directory / "npy"
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i, image in enumerate(images):
+        paths.append(folder / f"{i:06d}.npy")
+        np.save(paths[-1], image)
+    shuffled = [paths[i] for i in order]
+    blobs = _read_all(shuffled)
+    rows.append(StorageFormat("npy per image", len(paths), sum(len(b) for b in blobs),
+                              timeit(_read_all, shuffled, min_run_time=min_run_time).median,
+                              timeit(_decode_npy, blobs, min_run_time=min_run_time).median))
+    packed = directory / "packed.npy"
+    np.save(packed, images)
+    array = np.load(packed, mmap_mode="r")
+    rows.append(StorageFormat("packed array (mmap)", 1, packed.stat().st_size,
+                              timeit(lambda: [np.array(array[i]) for i in order], min_run_time=min_run_time).median, 0.0))
+    return StorageFormats(rows, len(images), directory)
+
+
+# ---------------------------------------------------------------- sequences: padding and length bucketing
+# The data (synthetic_sequences), PAD, pad_to and padding_share live in helpers.training.sequences, shared with Assignment 2.
+
+
+def pad_batch(batch: Sequence[tuple[torch.Tensor, torch.Tensor]], length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """collate_fn: stack (tokens, label) pairs, padding tokens with PAD to the longest in the batch (or to ``length``)."""
+    sequences, labels = zip(*batch)
+    longest = max(len(s) for s in sequences)
+    if length is not None and length < longest:
+        raise ValueError(f"cannot pad to length {length}: the batch holds a sequence of length {longest}")
+    return pad_to(sequences, length or longest), torch.stack(labels)
+
+
+def pad_whole_dataset(data: SequenceData) -> TensorDataset:
+    """The data set stored pre-padded: one N x max_len tensor, every sequence padded to the longest of all."""
+    tokens, labels = pad_batch([data[i] for i in range(len(data))])
+    return TensorDataset(tokens, labels)
+
+
+class BucketBatchSampler(Sampler[list[int]]):
+    """Batches of similar lengths: shuffle, cut into pools of ``pool_batches`` batches, sort each pool by length.
+
+    Every index appears exactly once per epoch; batch order is shuffled, so
+    training still sees a random mix of lengths from batch to batch. Pools keep
+    some randomness in which sequences share a batch (a full sort would not).
+    """
+
+    def __init__(self, lengths: Sequence[int], batch_size: int, pool_batches: int = 50, shuffle: bool = True, drop_last: bool = False, seed: int = 0):
+        if batch_size < 1 or pool_batches < 1:
+            raise ValueError(f"batch_size and pool_batches must be at least 1 (got {batch_size} and {pool_batches})")
+        self.lengths = list(lengths)
+        self.batch_size, self.pool_batches = batch_size, pool_batches
+        self.shuffle, self.drop_last, self.seed = shuffle, drop_last, seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use a different shuffle in each epoch (as DistributedSampler does)."""
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[list[int]]:
+        rng = random.Random(self.seed + self.epoch)
+        indices = list(range(len(self.lengths)))
+        if self.shuffle:
+            rng.shuffle(indices)
+        pool = self.batch_size * self.pool_batches
+        batches = []
+        for start in range(0, len(indices), pool):
+            chunk = sorted(indices[start:start + pool], key=self.lengths.__getitem__)
+            batches += [chunk[i:i + self.batch_size] for i in range(0, len(chunk), self.batch_size)]
+        if self.drop_last:
+            batches = [b for b in batches if len(b) == self.batch_size]
+        if self.shuffle:
+            rng.shuffle(batches)
+        return iter(batches)
+
+    def __len__(self) -> int:
+        full, rest = divmod(len(self.lengths), self.batch_size * self.pool_batches)
+        last_pool = rest // self.batch_size if self.drop_last else -(-rest // self.batch_size)
+        return full * self.pool_batches + last_pool
+
+
+class SequenceClassifier(nn.Module):
+    """Embedding, one Transformer encoder layer (padding masked out), mean over real tokens, linear head."""
+
+    def __init__(self, vocab: int = 1000, dim: int = 64, heads: int = 4, classes: int = 2):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim, padding_idx=PAD)
+        self.encoder = nn.TransformerEncoderLayer(dim, heads, 2 * dim, dropout=0.0, batch_first=True)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        padding = tokens == PAD
+        hidden = self.encoder(self.embed(tokens), src_key_padding_mask=padding)
+        keep = (~padding).unsqueeze(-1).to(hidden.dtype)
+        return self.head((hidden * keep).sum(1) / keep.sum(1).clamp(min=1))
+
+
+@dataclass
+class PaddingRun:
+    strategy: str
+    batches: int
+    tokens: int
+    padding_share: float
+    epoch_seconds: float
+    speedup: float = 1.0
+
+
+class PaddingStrategies(Report):
+    """One training epoch of a small sequence model under three padding strategies."""
+
+    title = "Padding: whole data set vs per batch vs length buckets"
+    columns = (
+        Column("strategy", "strategy"),
+        Column("batches", "batches"),
+        Column("tokens", "positions computed", ",d"),
+        Column("padding_share", "padding", ".1%"),
+        Column("epoch_seconds", "epoch time", format_seconds),
+        Column("speedup", "speed-up", ".2f"),
+    )
+
+    def __init__(self, rows, real_tokens: int, notes: Sequence[str] = ()):
+        for row in rows:
+            row.speedup = rows[0].epoch_seconds / row.epoch_seconds
+        super().__init__(rows, [f"{real_tokens:,} real tokens per epoch", *notes])
+        self.real_tokens = real_tokens
+
+    def by_strategy(self, prefix: str) -> PaddingRun:
+        return next(r for r in self.rows if r.strategy.startswith(prefix))
+
+    def plot(self, ax=None):
+        names = [f"{r.strategy}\n({r.padding_share:.0%} padding)" for r in self.rows]
+        return plots.horizontal_bars(names, [r.epoch_seconds for r in self.rows], ax, title="Epoch time by padding strategy", xlabel="seconds per epoch")
+
+
+def _train_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, loader: DataLoader, device: torch.device) -> tuple[int, int, int, float]:
+    """One epoch; returns (batches, positions computed, padding positions, seconds)."""
+    batches = positions = padding = 0
+    synchronize(device)
+    start = time.perf_counter()
+    for tokens, labels in loader:
+        batches += 1
+        positions += tokens.numel()
+        padding += int((tokens == PAD).sum())  # counted on the host copy: no device sync inside the timed loop
+        tokens, labels = tokens.to(device), labels.to(device)
+        optimizer.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(model(tokens), labels).backward()
+        optimizer.step()
+    synchronize(device)
+    return batches, positions, padding, time.perf_counter() - start
+
+
+def padding_loaders(data: SequenceData, batch_size: int, seed: int = 0) -> dict[str, DataLoader]:
+    """The three ways to batch ``data``: pre-padded whole, padded per batch, bucketed by length and padded per batch."""
+    shuffled = torch.Generator().manual_seed(seed)
+    return {
+        "pad the whole data set": DataLoader(pad_whole_dataset(data), batch_size=batch_size, shuffle=True, generator=shuffled),
+        "pad each batch": DataLoader(data, batch_size=batch_size, shuffle=True, collate_fn=pad_batch, generator=shuffled),
+        "bucket by length, pad each batch": DataLoader(data, batch_sampler=BucketBatchSampler(data.lengths.tolist(), batch_size, seed=seed), collate_fn=pad_batch),
+    }
+
+
+def padding_strategies(
+    data: SequenceData,
+    batch_size: int = 32,
+    device: str | torch.device | None = None,
+    model_factory: Callable[[], nn.Module] | None = None,
+    rounds: int = 2,
+    seed: int = 0,
+) -> PaddingStrategies:
+    """Train a fresh (identically initialised) sequence model per padding strategy; measure padding and epoch time.
+
+    The strategies take turns for ``rounds`` epochs each and the fastest epoch
+    counts, so a burst of load from other programs does not decide the ranking.
+    The model masks padding out of its result, so all three strategies compute
+    the same function: they differ only in how many padded positions they pay for.
+    """
+    device = pick_device(device)
+    factory = model_factory or (lambda: SequenceClassifier(data.vocab))
+    runs = {}
+    for strategy, loader in padding_loaders(data, batch_size, seed).items():
+        torch.manual_seed(seed)
+        model = factory().to(device)
+        warm = next(iter(loader))[0][:2].to(device)  # first call: allocation and library set-up, not counted
+        model(warm).sum().backward()
+        model.zero_grad(set_to_none=True)
+        runs[strategy] = (model, torch.optim.Adam(model.parameters(), lr=1e-3), loader)
+    best: dict[str, PaddingRun] = {}
+    for _ in range(rounds):
+        for strategy, (model, optimizer, loader) in runs.items():
+            batches, positions, padding, seconds = _train_epoch(model, optimizer, loader, device)
+            if strategy not in best or seconds < best[strategy].epoch_seconds:
+                best[strategy] = PaddingRun(strategy, batches, positions, padding / positions, seconds)
+    notes = [f"device {device}, batch size {batch_size}, longest sequence {int(data.lengths.max())}; fastest of {rounds} epochs per strategy"]
+    return PaddingStrategies(list(best.values()), int(data.lengths.sum()), notes)

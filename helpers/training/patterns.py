@@ -1,0 +1,213 @@
+"""The three profile patterns (compute bound, launch bound, synchronisation bound): per-step figures derived from a
+torch.profiler run, a diagnosis that reads them, and the programs of helpers.training.workloads diagnosed and fixed.
+"""
+from __future__ import annotations
+
+import bisect
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch.autograd import DeviceType
+from torch.profiler import profile
+
+from helpers.core import plots
+from helpers.core.timing import timeit
+from helpers.core.device import gpu_notice, is_gpu, pick_device, synchronize
+from helpers.training.profiling import profiler_activities  # importing helpers.training.profiling also quietens Kineto's banners
+from helpers.core.report import Column, Report, format_seconds
+from helpers.training.workloads import Program, make_compute_bound, make_launch_bound, make_sync_bound
+
+SYNC_OPS = {"aten::item", "aten::_local_scalar_dense", "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy"}
+TINY_OP_US = 50.0  # CPU: a median op this short is mostly dispatch overhead
+MANY_OPS = 50  # per step
+SYNC_STALL_SHARE = 0.05  # GPU: of the step spent from a sync until the next op starts
+OPS_PER_SYNC = 20  # CPU: a host read at least this often means host and device take turns
+GPU_BUSY_SHARE = 0.5  # below it, the GPU mostly waits for the host
+
+
+@dataclass
+class ProfileMetrics:
+    """What a profile of repeated steps shows, per step."""
+
+    device: str
+    steps: int
+    step_seconds: float
+    ops_per_step: float
+    median_op_us: float
+    op_share: float  # of wall time inside PyTorch ops (the rest: Python and other host work)
+    syncs_per_step: float
+    sync_stall_share: float  # of wall time from each sync until the next op starts: when a GPU would have nothing queued
+    device_busy: float | None  # GPU only: kernel time / wall time
+    top_op: str
+    top_op_share: float  # of the time inside ops
+
+
+def _ancestors(event) -> list:
+    """The ops (and runtime calls) that enclose ``event`` on its thread, innermost first."""
+    chain, parent = [], event.cpu_parent
+    while parent is not None:
+        chain.append(parent)
+        parent = parent.cpu_parent
+    return chain
+
+
+def metrics_from_profile(events, wall_seconds: float, steps: int, device: torch.device) -> ProfileMetrics:
+    """Derive per-step figures from torch.profiler events: op count and time, sync points and the stalls after them."""
+    cpu_events = [e for e in events if e.device_type == DeviceType.CPU]
+    outer_ops = [e for e in cpu_events if e.name.startswith("aten::") and not any(a.name.startswith("aten::") for a in _ancestors(e))]
+    syncs = [e for e in cpu_events if e.name in SYNC_OPS and not any(a.name in SYNC_OPS for a in _ancestors(e))]
+    durations = sorted(e.cpu_time_total for e in outer_ops)
+    op_us = sum(durations)
+    starts = sorted(e.time_range.start for e in outer_ops)
+    stall_us = 0.0
+    for sync in syncs:  # from the sync's start to the next op that does not belong to it
+        following = bisect.bisect_left(starts, sync.time_range.end)
+        if following < len(starts):
+            stall_us += starts[following] - sync.time_range.start
+    by_name: dict[str, float] = {}
+    for e in outer_ops:
+        by_name[e.name] = by_name.get(e.name, 0.0) + e.cpu_time_total
+    top = max(by_name, key=by_name.get) if by_name else "-"
+    busy = None
+    if is_gpu(device):
+        kernel_us = sum(e.time_range.elapsed_us() for e in events if e.device_type == DeviceType.CUDA)
+        busy = kernel_us / 1e6 / wall_seconds
+    wall_us = wall_seconds * 1e6
+    return ProfileMetrics(
+        device=str(device),
+        steps=steps,
+        step_seconds=wall_seconds / steps,
+        ops_per_step=len(outer_ops) / steps,
+        median_op_us=durations[len(durations) // 2] if durations else 0.0,
+        op_share=min(op_us / wall_us, 1.0),
+        syncs_per_step=len(syncs) / steps,
+        sync_stall_share=min(stall_us / wall_us, 1.0),
+        device_busy=busy,
+        top_op=top,
+        top_op_share=by_name.get(top, 0.0) / op_us if op_us else 0.0,
+    )
+
+
+def measure_profile(step: Callable[[], object], steps: int = 5, device: str | torch.device | None = None) -> ProfileMetrics:
+    """Profile ``steps`` calls of ``step`` (after a warm-up call) and derive the figures the diagnosis reads."""
+    device = pick_device(device)
+    step()
+    synchronize(device)
+    with profile(activities=profiler_activities(device)) as prof:
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        synchronize(device)
+        wall = time.perf_counter() - start
+    return metrics_from_profile(prof.events(), wall, steps, device)
+
+
+def diagnose(m: ProfileMetrics) -> tuple[str, str]:
+    """The profile pattern ``m`` shows, and the evidence, by three rules checked in order.
+
+    1. synchronisation bound: the host reads device results every step: on a
+       GPU, the time from each read to the next op is a noticeable share of the
+       step; on a CPU, which has no queue for a read to drain, the reads are
+       frequent (host and device take turns);
+    2. launch bound: on a GPU, the GPU is mostly idle; on a CPU, many ops per
+       step, the median one so short that dispatching it costs about as much as
+       running it (the median, not the mean, so a few slow ops do not hide it);
+    3. otherwise compute bound: the time is inside a few substantial ops.
+    """
+    if m.syncs_per_step >= 1:
+        ops_per_sync = m.ops_per_step / m.syncs_per_step
+        reads = f"{m.syncs_per_step:.0f} host reads of device results per step, one every {ops_per_sync:.0f} ops"
+        if m.device_busy is not None and m.sync_stall_share >= SYNC_STALL_SHARE:
+            return "synchronisation bound", f"{reads}; from each read to the next op: {m.sync_stall_share:.0%} of the step, with the GPU's queue empty"
+        if m.device_busy is None and ops_per_sync <= OPS_PER_SYNC:
+            return "synchronisation bound", (f"{reads}: host and device take turns. Here they cost {m.sync_stall_share:.1%} of the step "
+                                             f"(a CPU has no queue to drain); on a GPU each one empties the queue")
+    if m.device_busy is not None:
+        if m.device_busy < GPU_BUSY_SHARE:
+            return "launch bound", f"the GPU is busy {m.device_busy:.0%} of the time; {m.ops_per_step:.0f} ops per step, median {m.median_op_us:.1f} us of host time each"
+        return "compute bound", f"the GPU is busy {m.device_busy:.0%} of the time; {m.top_op} takes {m.top_op_share:.0%} of op time"
+    if m.median_op_us < TINY_OP_US and m.ops_per_step >= MANY_OPS:
+        return "launch bound", (f"{m.ops_per_step:.0f} ops per step, median {m.median_op_us:.1f} us; {m.op_share:.0%} of the step "
+                                f"is inside ops, the rest is Python and dispatch")
+    return "compute bound", (f"{m.ops_per_step:.0f} ops per step, median {m.median_op_us:,.0f} us; {m.op_share:.0%} of the step inside ops, "
+                             f"{m.top_op} {m.top_op_share:.0%} of it")
+
+
+@dataclass
+class PatternDiagnosis:
+    program: str
+    expected: str
+    verdict: str
+    evidence: str
+    step_seconds: float
+    fix: str
+    fixed_seconds: float
+    speedup: float
+    metrics: ProfileMetrics
+
+
+class ProfilePatterns(Report):
+    """Three small programs, each diagnosed from its own profile, then fixed and timed again."""
+
+    title = "Profile patterns: diagnosis from the profile, and the fix measured"
+    columns = (
+        Column("program", "program"),
+        Column("verdict", "diagnosis"),
+        Column("evidence", "evidence from the profile"),
+        Column("fix", "fix"),
+        Column("step_seconds", "step", format_seconds),
+        Column("fixed_seconds", "fixed", format_seconds),
+        Column("speedup", "speed-up", ".2f"),
+    )
+
+    def __init__(self, rows, notice: str | None):
+        super().__init__(rows)
+        self.notice = notice
+
+    def by_pattern(self, expected: str) -> PatternDiagnosis:
+        return next(r for r in self.rows if r.expected == expected)
+
+    def plot(self, ax=None):
+        """Each program on the map a diagnosis reads: ops per step against the median op's duration."""
+        points = {r.expected: (r.metrics.ops_per_step, max(r.metrics.median_op_us, 0.1)) for r in self.rows}
+        notes = {r.expected: "; ".join(part for part in (
+            f"{r.metrics.syncs_per_step:.0f} host reads per step" if r.metrics.syncs_per_step else "",
+            f"GPU busy {r.metrics.device_busy:.0%}" if r.metrics.device_busy is not None else "",
+        ) if part) for r in self.rows}
+        ax = plots.labelled_scatter(points, ax, notes, title="What each profile shows", xlabel="ops per step (log scale)",
+                                    ylabel="median op duration, us (log scale)", logx=True, logy=True)
+        ax.axhline(TINY_OP_US, linestyle="--", color="grey", linewidth=1)
+        ax.annotate("tiny ops: dispatch costs as much as the work", (1.0, TINY_OP_US), xycoords=("axes fraction", "data"), ha="right", va="bottom", fontsize=8, color="grey")
+        ax.margins(0.3)
+        return ax
+
+
+def diagnose_program(program: Program, device: torch.device, steps: int = 5, min_run_time: float = 0.2) -> PatternDiagnosis:
+    """Profile a program, diagnose it, and time it and its fix with helpers.timeit."""
+    metrics = measure_profile(program.step, steps, device)
+    verdict, evidence = diagnose(metrics)
+    slow = timeit(program.step, device=device, min_run_time=min_run_time).median
+    fast = timeit(program.fixed, device=device, min_run_time=min_run_time).median
+    return PatternDiagnosis(program.name, program.expected, verdict, evidence, slow, program.fix, fast, slow / fast, metrics)
+
+
+def profile_patterns(
+    device: str | torch.device | None = None,
+    steps: int = 5,
+    min_run_time: float = 0.2,
+    compute_n: int | None = None,
+    launch_samples: int = 64,
+    decode_length: int = 24,
+) -> ProfilePatterns:
+    """Reproduce, profile, diagnose and fix the three patterns on ``device`` (the GPU version when there is one).
+
+    ``compute_n`` is the matmul size of the compute-bound program, ``launch_samples``
+    the number of one-sample calls of the launch-bound one, ``decode_length`` the
+    tokens per step of the synchronisation-bound one.
+    """
+    device = pick_device(device)
+    notice = gpu_notice("the GPU view of the patterns (kernel time, host-device stalls)", device)
+    programs = [make_compute_bound(device, compute_n), make_launch_bound(device, launch_samples), make_sync_bound(device, length=decode_length)]
+    return ProfilePatterns([diagnose_program(p, device, steps, min_run_time) for p in programs], notice)

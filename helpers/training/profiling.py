@@ -1,0 +1,367 @@
+"""Profilers, used and read: cProfile and py-spy for Python, torch.profiler for PyTorch ops (with a trace for
+Perfetto or TensorBoard), and autograd anomaly detection for NaNs. (Reading a profile's pattern: helpers.training.patterns.)
+"""
+from __future__ import annotations
+
+import cProfile
+import math
+import os
+import pstats
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+# Kineto (torch.profiler's backend) prints start/stop banners and, without a GPU, a CUDA error on every run;
+# level 6 keeps it quiet. It must be set before the first profiler use; set it yourself to see the messages.
+os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler  # noqa: E402
+
+from helpers.core.device import is_gpu, pick_device, synchronize  # noqa: E402
+from helpers.core.paths import build_dir  # noqa: E402
+from helpers.core.report import Column, Report, format_seconds  # noqa: E402
+
+# ---------------------------------------------------------------- cProfile
+
+
+@dataclass
+class FunctionCost:
+    function: str
+    calls: int
+    own_seconds: float
+    total_seconds: float
+    own_share: float
+
+
+class PythonProfile(Report):
+    """cProfile's view: the functions with the most time of their own, and the time under each."""
+
+    title = "cProfile: functions by own time"
+    columns = (
+        Column("function", "function"),
+        Column("calls", "calls", ",d"),
+        Column("own_seconds", "own time", format_seconds),
+        Column("total_seconds", "total time (with callees)", format_seconds),
+        Column("own_share", "share", ".1%"),
+    )
+
+    def __init__(self, rows, profiled_seconds: float, plain_seconds: float):
+        self.profiled_seconds, self.plain_seconds = profiled_seconds, plain_seconds
+        self.overhead = profiled_seconds / plain_seconds
+        super().__init__(rows, [f"profiled run {format_seconds(profiled_seconds)}, plain run {format_seconds(plain_seconds)}: "
+                                f"cProfile's instrumentation made it {self.overhead:.2f}x slower"])
+
+    def share_of(self, fragment: str) -> float:
+        """Summed own-time share of the shown functions whose name contains ``fragment``."""
+        return sum(r.own_share for r in self.rows if fragment in r.function)
+
+
+def _function_label(key: tuple[str, int, str]) -> str:
+    filename, line, name = key
+    if filename == "~":  # a built-in: pstats names it '<built-in method ...>' or "<method 'x' of 'y' objects>"
+        return name
+    return f"{name} ({Path(filename).name}:{line})"
+
+
+def cprofile(fn: Callable, *args, repeat: int = 3, top: int = 12) -> PythonProfile:
+    """Run ``fn(*args)`` ``repeat`` times under cProfile; the ``top`` functions by own time, and cProfile's overhead."""
+    fn(*args)  # warm-up, as for any measurement
+    start = time.perf_counter()
+    for _ in range(repeat):
+        fn(*args)
+    plain = time.perf_counter() - start
+    profiler = cProfile.Profile()
+    start = time.perf_counter()
+    profiler.enable()
+    for _ in range(repeat):
+        fn(*args)
+    profiler.disable()
+    profiled = time.perf_counter() - start
+    stats = pstats.Stats(profiler).stats  # {(file, line, name): (primitive calls, calls, own, cumulative, callers)}
+    own_total = sum(v[2] for v in stats.values()) or 1.0
+    ranked = sorted(stats.items(), key=lambda kv: kv[1][2], reverse=True)
+    rows = [FunctionCost(_function_label(key), calls, own, cumulative, own / own_total)
+            for key, (_, calls, own, cumulative, _) in ranked if not key[2].startswith("<method 'disable'")][:top]
+    return PythonProfile(rows, profiled, plain)
+
+
+# ---------------------------------------------------------------- py-spy
+
+
+@dataclass
+class SampledFunction:
+    function: str
+    own_share: float
+    total_share: float
+
+
+class SampledProfile(Report):
+    """py-spy's view of a running process: the share of samples in which each function was running (own) or on the stack."""
+
+    title = "py-spy: sampled functions"
+    columns = (Column("function", "function"), Column("own_share", "own", ".1%"), Column("total_share", "on the stack", ".1%"))
+
+    def __init__(self, rows, status: str, samples: int = 0, output: Path | None = None, notes: Sequence[str] = (), top: int = 10):
+        super().__init__(rows[:top], notes)
+        self.functions = list(rows)  # every sampled function; the table shows the first ``top``
+        self.status, self.samples, self.output = status, samples, output
+
+    def share_of(self, fragment: str, which: str = "total_share") -> float:
+        """The largest share (on the stack, or ``which='own_share'``) of a sampled function whose name contains ``fragment``."""
+        return max((getattr(r, which) for r in self.functions if fragment in r.function), default=0.0)
+
+
+PTRACE_HELP = (
+    "py-spy reads another process's memory, which needs ptrace permission. On Linux: run as root, or allow it with "
+    "`sudo sysctl kernel.yama.ptrace_scope=0` (or 1, which lets py-spy profile the programs it starts); in Docker, "
+    "start the container with `--cap-add SYS_PTRACE`. On macOS py-spy always needs `sudo`."
+)
+
+
+def find_py_spy() -> str | None:
+    """The py-spy executable beside this Python (a venv's bin/), else on PATH."""
+    beside = Path(sys.executable).parent / "py-spy"
+    return str(beside) if beside.exists() else shutil.which("py-spy")
+
+
+def ptrace_scope() -> int | None:
+    """Linux's Yama ptrace policy (0: any process of the same user, 1: only descendants, 2: admin only, 3: none), if set."""
+    try:
+        return int(Path("/proc/sys/kernel/yama/ptrace_scope").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def explain_py_spy_failure(returncode: int, stderr: str) -> tuple[str, str]:
+    """Classify a failed py-spy run: ('cannot attach', how to allow it) for permission errors, else ('failed', its message)."""
+    text = stderr.lower()
+    if any(s in text for s in ("permission denied", "operation not permitted", "ptrace", "elevated permissions", "sudo")):
+        scope = ptrace_scope()
+        policy = f" This machine's kernel.yama.ptrace_scope is {scope}." if scope is not None else ""
+        first = stderr.strip().splitlines()[0] if stderr.strip() else "permission denied"
+        return "cannot attach", f"py-spy could not attach to the process ({first}).{policy} {PTRACE_HELP}"
+    tail = " ".join(stderr.strip().splitlines()[-3:]) or f"exit status {returncode}"
+    return "failed", f"py-spy failed ({tail})."
+
+
+def parse_collapsed_stacks(text: str, within: str | None = None) -> tuple[list[SampledFunction], int]:
+    """Shares from py-spy's raw (collapsed-stack) output: lines 'frame;frame;...;frame count'.
+
+    With ``within``, only samples whose stack holds a frame whose name starts
+    with it count (e.g. the workload's loop, not the interpreter's start-up).
+    """
+    own: dict[str, int] = {}
+    total: dict[str, int] = {}
+    samples = 0
+    for line in text.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.strip().isdigit():
+            continue
+        frames = [f.strip() for f in stack.split(";") if f.strip()]
+        if within and not any(f.startswith(within) for f in frames):
+            continue
+        n = int(count)
+        samples += n
+        own[frames[-1]] = own.get(frames[-1], 0) + n
+        for frame in set(frames):
+            total[frame] = total.get(frame, 0) + n
+    rows = [SampledFunction(f, own.get(f, 0) / samples, total[f] / samples) for f in total] if samples else []
+    rows.sort(key=lambda r: (r.own_share, r.total_share), reverse=True)
+    return rows, samples
+
+
+def py_spy(workload: str = "input_pipeline", seconds: float = 2.0, rate: int = 100, top: int = 10, timeout: float = 120) -> SampledProfile:
+    """Sample ``python -m helpers.training.workloads <workload>`` with py-spy; never raises, explains what went wrong instead.
+
+    py-spy starts the program itself (so ptrace_scope=1, the Ubuntu default, is
+    enough), samples its stacks ``rate`` times a second without modifying it, and
+    writes collapsed stacks, which are read back into shares per function.
+    """
+    exe = find_py_spy()
+    if exe is None:
+        return SampledProfile([], "not installed", notes=["py-spy is not installed here: `pip install py-spy` (the kit pins it in pyproject.toml)."])
+    output = build_dir("profiles") / f"py-spy-{workload}.txt"
+    output.unlink(missing_ok=True)
+    command = [exe, "record", "--rate", str(rate), "--format", "raw", "--output", str(output), "--",
+               sys.executable, "-m", "helpers.training.workloads", workload, "--seconds", str(seconds)]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=Path(__file__).resolve().parents[1])
+    except subprocess.TimeoutExpired:
+        return SampledProfile([], "failed", notes=[f"py-spy did not finish within {timeout:.0f} s."])
+    except OSError as err:  # e.g. a py-spy binary for another platform
+        return SampledProfile([], "failed", notes=[f"py-spy could not be started: {err}"])
+    if done.returncode != 0 or not output.exists():
+        status, why = explain_py_spy_failure(done.returncode, done.stderr + done.stdout)
+        return SampledProfile([], status, notes=[why])
+    rows, samples = parse_collapsed_stacks(output.read_text(), within="_run_for")
+    return SampledProfile(rows, "ok", samples, output, [f"{samples} samples at {rate} Hz over the workload's loop; raw stacks: {output}"], top)
+
+
+# ---------------------------------------------------------------- torch.profiler
+
+
+def profiler_activities(device: torch.device) -> list[ProfilerActivity]:
+    """What torch.profiler should record on ``device``: CPU ops, plus CUDA kernels on a GPU."""
+    return [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if is_gpu(device) else [])
+
+
+@dataclass
+class OpCost:
+    op: str
+    calls: int
+    self_seconds: float
+    total_seconds: float
+    self_share: float
+
+
+class OpProfile(Report):
+    """torch.profiler's op table (self time: the op's own work, without the ops it calls) and where its trace is."""
+
+    title = "torch.profiler: ops by self time"
+    columns = (
+        Column("op", "op"),
+        Column("calls", "calls", ",d"),
+        Column("self_seconds", "self time", format_seconds),
+        Column("total_seconds", "total time", format_seconds),
+        Column("self_share", "share", ".1%"),
+    )
+
+    def __init__(self, rows, trace: Path | None, device: torch.device, steps: int):
+        notes = [f"{steps} profiled steps on {device}; times are "
+                 + ("GPU kernel time" if is_gpu(device) else "CPU time")]
+        if trace:
+            notes.append(f"trace written to {trace}: open it at ui.perfetto.dev (or chrome://tracing), "
+                         f"or run `tensorboard --logdir {trace.parent}` with the torch-tb-profiler plugin")
+        super().__init__(rows, notes)
+        self.trace, self.device, self.steps = trace, device, steps
+
+
+def torch_profile(step: Callable[[], object], steps: int = 5, device: str | torch.device | None = None, name: str = "step", top: int = 10) -> OpProfile:
+    """Profile ``steps`` calls of ``step`` (after one skipped and one warm-up call) and export a trace under build/profiles/.
+
+    The schedule and the trace handler are torch.profiler's own: the trace is a
+    Chrome-trace JSON file that Perfetto and TensorBoard both read.
+    """
+    device = pick_device(device)
+    folder = build_dir("profiles", name)
+    for old in folder.glob("*.pt.trace.json"):
+        old.unlink()
+    with profile(activities=profiler_activities(device), schedule=schedule(wait=1, warmup=1, active=steps), on_trace_ready=tensorboard_trace_handler(str(folder), worker_name=name)) as prof:
+        for _ in range(steps + 2):
+            step()
+            synchronize(device)
+            prof.step()
+    traces = sorted(folder.glob("*.pt.trace.json"), key=lambda p: p.stat().st_mtime)
+    on_gpu = is_gpu(device)
+    averages = [a for a in prof.key_averages() if not a.key.startswith("ProfilerStep")]
+    self_time = (lambda a: a.self_device_time_total) if on_gpu else (lambda a: a.self_cpu_time_total)
+    total_time = (lambda a: a.device_time_total) if on_gpu else (lambda a: a.cpu_time_total)
+    whole = sum(self_time(a) for a in averages) or 1.0
+    ranked = sorted(averages, key=self_time, reverse=True)[:top]
+    rows = [OpCost(a.key, a.count, self_time(a) / 1e6, total_time(a) / 1e6, self_time(a) / whole) for a in ranked]
+    return OpProfile(rows, traces[-1] if traces else None, device, steps)
+
+
+# ---------------------------------------------------------------- anomaly detection
+
+
+class RowNormalize(nn.Module):
+    """Scale each row to unit length. A row of zeros gives 0 forward but 0/0 = NaN in backward (sqrt'(0) is infinite)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        length = x.pow(2).sum(-1, keepdim=True).sqrt()
+        return x / (length + 1e-6)
+
+
+@dataclass
+class AnomalyRun:
+    mode: str
+    loss: float
+    nan_gradients: str
+    outcome: str
+
+
+class AnomalyReport(Report):
+    """A NaN born in backward: silent without anomaly mode, caught with its forward trace with it."""
+
+    title = "A NaN gradient, without and with torch.autograd.detect_anomaly()"
+    columns = (Column("mode", "mode"), Column("loss", "loss", ".4g"), Column("nan_gradients", "parameters with NaN gradients"), Column("outcome", "outcome"))
+
+    def __init__(self, rows, error: str, forward_trace: list[str]):
+        super().__init__(rows)
+        self.error, self.forward_trace = error, forward_trace
+
+    def table(self) -> str:
+        trace = "\n".join(self.forward_trace) or "(no trace)"
+        return f"{super().table()}\n\nanomaly mode's error: {self.error}\nforward call that produced it (frames outside torch):\n{trace}"
+
+
+def _forward_trace(message: str) -> list[str]:
+    """The frames of anomaly mode's 'Traceback of forward call' in the user's code: not torch, the standard
+    library, installed packages (a Jupyter kernel's own frames) or frozen modules."""
+    library = tuple(str(Path(p).resolve()) for p in {sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib")})
+    lines = message.splitlines()
+    frames = []
+    for i, line in enumerate(lines):
+        match = re.match(r'\s*File "([^"]+)", line \d+', line)
+        if not match:
+            continue
+        path = match.group(1)
+        if path.startswith("<frozen") or "/torch/" in path or str(Path(path).resolve()).startswith(library):
+            continue
+        code = lines[i + 1].strip() if i + 1 < len(lines) and not lines[i + 1].strip().startswith("File") else ""
+        frames.append(f"{line.strip()}\n    {code}")
+    return frames
+
+
+def anomaly_demo(seed: int = 0) -> AnomalyReport:
+    """Train one step on a batch holding an all-zero row (a padding row), then re-run its backward in anomaly mode.
+
+    Plain autograd returns NaN gradients without a word, and the optimizer step
+    then turns every weight it touches into NaN. detect_anomaly() stops at the
+    backward function that produced the first NaN and shows the forward line
+    that created it.
+    """
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(8, 8, bias=False), RowNormalize(), nn.Linear(8, 2))
+    x = torch.randn(4, 8)
+    x[-1] = 0  # a padding row
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def nan_parameters() -> str:
+        names = [n for n, p in model.named_parameters() if p.grad is not None and p.grad.isnan().any()]
+        return ", ".join(names) or "none"
+
+    loss = model(x).square().mean()
+    loss.backward()
+    plain = AnomalyRun("plain backward", loss.item(), nan_parameters(), "no error")
+    optimizer.step()
+    after = model(torch.randn(4, 8)).square().mean().item()
+    stepped = AnomalyRun("after optimizer.step()", after, "-", "weights are NaN now" if math.isnan(after) else "weights finite")
+    with torch.no_grad():  # undo the damage: fresh weights, same seed
+        torch.manual_seed(seed)
+        model.load_state_dict(nn.Sequential(nn.Linear(8, 8, bias=False), RowNormalize(), nn.Linear(8, 2)).state_dict())
+    model.zero_grad(set_to_none=True)
+    error, trace = "", []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            with torch.autograd.detect_anomaly():
+                loss = model(x).square().mean()
+                loss.backward()
+        except RuntimeError as err:
+            error = str(err)
+    for warning in caught:
+        if "Traceback of forward call" in str(warning.message):
+            trace = _forward_trace(str(warning.message))
+    caught_row = AnomalyRun("detect_anomaly()", loss.item(), nan_parameters(), "RuntimeError raised in backward" if error else "no error")
+    return AnomalyReport([plain, stepped, caught_row], error, trace)
