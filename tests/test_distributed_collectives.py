@@ -13,7 +13,7 @@ from helpers.distributed.comm_models import (
     SCHEMES, Link, all_reduce_time, busiest_node_bytes, bytes_sent_per_worker, comm_costs, epoch_bytes, fit_link, rounds,
 )
 from helpers.distributed.experiments import all_reduce_sweep, calibrate_link, collectives_demo, traffic_check
-from helpers.core.launch import launch
+from helpers.core.workers import launch
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 

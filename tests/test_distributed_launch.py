@@ -1,4 +1,4 @@
-"""helpers.core.launch: real gloo process groups from a test or a notebook, failures reported by rank, no worker left behind."""
+"""helpers.core.workers: real gloo process groups from a test or a notebook, failures reported by rank, no worker left behind."""
 from __future__ import annotations
 
 import os
@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from helpers.core.launch import WorkerError, WorkerTimeout, launch
+from helpers.core.workers import WorkerError, WorkerTimeout, launch
 from helpers.course.notebooks import execute_notebook
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -113,7 +113,7 @@ def test_a_function_defined_in_a_notebook_runs_on_the_workers(tmp_path):
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nb.cells = [
-        nbformat.v4.new_code_cell("import torch\nimport torch.distributed as dist\nfrom helpers.core.launch import launch\nSCALE = 3"),
+        nbformat.v4.new_code_cell("import torch\nimport torch.distributed as dist\nfrom helpers.core.workers import launch\nSCALE = 3"),
         nbformat.v4.new_code_cell(textwrap.dedent("""\
             def scaled(x):
                 return x * SCALE
@@ -146,7 +146,7 @@ def test_a_function_defined_in_a_notebook_runs_on_the_workers(tmp_path):
 SCRIPT = """
 import os, signal, sys, time
 import torch.distributed as dist
-from helpers.core.launch import launch
+from helpers.core.workers import launch
 
 def record_and_hang(pid_dir):
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a stubborn worker: only SIGKILL stops it

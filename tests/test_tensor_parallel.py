@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from helpers.core.launch import launch
+from helpers.core.workers import launch
 from helpers.distributed.tensor_parallel import exchange, gather_from_parallel, tensor_parallel_check
 
 

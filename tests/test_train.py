@@ -1,4 +1,4 @@
-"""helpers.core.train and helpers.hardware.starvation: the timed training loop, CPU vs GPU, and the DataLoader-worker sweep."""
+"""helpers.core.training_loop and helpers.hardware.starvation: the timed training loop, CPU vs GPU, and the DataLoader-worker sweep."""
 from __future__ import annotations
 
 import statistics
@@ -13,7 +13,7 @@ import torch  # noqa: E402
 from helpers.core.data import EncodedDigits, load_digits, make_loader, make_MNIST_loader  # noqa: E402
 from helpers.core.models import BasicFCModel, LeNet  # noqa: E402
 from helpers.hardware.starvation import starvation_sweep  # noqa: E402
-from helpers.core.train import train, train_on_devices  # noqa: E402
+from helpers.core.training_loop import train, train_on_devices  # noqa: E402
 
 
 @pytest.fixture(scope="module")

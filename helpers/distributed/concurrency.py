@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from helpers.core import plots
 from helpers.core.device import cpu_threads
-from helpers.core.launch import available_cores, worker_context
+from helpers.core.workers import available_cores, worker_context
 from helpers.core.report import Column, Report, format_bytes, format_seconds
 
 # ---------------------------------------------------------------- starting a thread or a process

@@ -1,6 +1,6 @@
 """DistributedDataParallel, measured: gradient buckets, compute/communication overlap, ``no_sync`` and scaling.
 
-Each function launches real workers (``helpers.core.launch``), wraps a model in DDP, and watches what DDP does
+Each function launches real workers (``helpers.core.workers``), wraps a model in DDP, and watches what DDP does
 through a communication hook that records when each bucket's all-reduce is launched and how big it is.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from torch.nn.parallel import DistributedDataParallel
 from helpers.core import plots
 from helpers.distributed.collectives import time_collective, torch_all_reduce
 from helpers.distributed.comm_models import Link, all_reduce_time
-from helpers.core.launch import available_cores, launch
+from helpers.core.workers import available_cores, launch
 from helpers.core.models import LeNet
 from helpers.core.report import Column, Report, format_bytes, format_seconds
 

@@ -6,7 +6,7 @@
 * ``all_reduce_sweep``: hand-written ring (and parameter server) against ``dist.all_reduce`` over message
   sizes and world sizes, with the calibrated model's prediction beside each measurement.
 
-The launcher is ``helpers.core.launch.launch``; what runs inside the workers is in ``helpers.distributed.collectives``.
+The launcher is ``helpers.core.workers.launch``; what runs inside the workers is in ``helpers.distributed.collectives``.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import torch.distributed as dist
 from helpers.core import plots
 from helpers.distributed.collectives import ALL_REDUCES, count_traffic, ping_pong, time_collective
 from helpers.distributed.comm_models import Link, all_reduce_time, bytes_sent_per_worker, comm_costs, fit_link  # noqa: F401  (re-exported)
-from helpers.core.launch import WorkerError, WorkerTimeout, available_cores, launch  # noqa: F401  (re-exported)
+from helpers.core.workers import WorkerError, WorkerTimeout, available_cores, launch  # noqa: F401  (re-exported)
 from helpers.core.report import Column, Report, format_bytes, format_seconds
 
 KIB, MIB = 1024, 1024 * 1024

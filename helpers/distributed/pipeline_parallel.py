@@ -19,7 +19,7 @@ from torch import nn
 
 from helpers.core import plots
 from helpers.distributed.collectives import count_traffic
-from helpers.core.launch import default_threads, launch
+from helpers.core.workers import default_threads, launch
 from helpers.core.report import Column, Report, format_bytes, format_seconds
 
 SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B"}  # name -> how it is written

@@ -1,6 +1,6 @@
 """Tensor parallelism, Megatron style: linear layers split by output columns or input rows across the ranks of a group.
 
-Four autograd functions carry all the communication (run them inside ``helpers.core.launch`` workers):
+Four autograd functions carry all the communication (run them inside ``helpers.core.workers`` workers):
 ``copy_to_parallel`` (Megatron's *f*: identity forward, all-reduce of the gradient backward),
 ``reduce_from_parallel`` (*g*: all-reduce forward, identity backward), ``gather_from_parallel``
 (all-gather forward, keep one's own slice backward) and ``scatter_to_parallel`` (the reverse).
@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from helpers.distributed.comm_models import bytes_sent_per_worker
-from helpers.core.launch import launch
+from helpers.core.workers import launch
 from helpers.core.report import Column, Report, format_bytes
 
 # ---------------------------------------------------------------- communication, noted as it happens

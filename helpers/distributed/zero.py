@@ -19,7 +19,7 @@ from torch import nn
 
 from helpers.core import plots
 from helpers.distributed.ddp import mlp
-from helpers.core.launch import launch
+from helpers.core.workers import launch
 from helpers.core.memory import optimizer_state_tensors
 from helpers.core.report import Column, Report, format_bytes
 

@@ -24,7 +24,7 @@ from helpers.core.data import EncodedDigits, make_encoded_MNIST, make_loader
 from helpers.core.device import cpu_threads, gpu_notice, is_gpu, pick_device
 from helpers.core.models import LeNet
 from helpers.core.report import Column, Report, format_seconds
-from helpers.core.train import _percent, train
+from helpers.core.training_loop import _percent, train
 
 DATASET_SAMPLES = 1024  # distinct digits; runs draw from them with replacement, augmented afresh each time
 

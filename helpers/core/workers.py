@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 HOST = "127.0.0.1"
-_PRELOAD = ["torch", "torch.distributed", "helpers.core.launch"]
+_PRELOAD = ["torch", "torch.distributed", "helpers.core.workers"]
 
 
 class WorkerError(RuntimeError):
