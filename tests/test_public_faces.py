@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import subprocess
+import sys
 
 import pytest
 
@@ -19,13 +21,28 @@ def test_every_public_name_resolves_to_what_the_face_promises(package):
         assert value is not None, f"{package}.{name} resolved to None"
 
 
+def _is_module_in_fresh_interpreter(package: str, name: str, import_submodules_first: bool) -> bool:
+    """Whether ``package.name`` is a module in a fresh interpreter, optionally after importing every submodule."""
+    code = (
+        "import importlib, inspect, pkgutil\n"
+        f"face = importlib.import_module({package!r})\n"
+        f"if {import_submodules_first}:\n"
+        "    for m in pkgutil.iter_modules(face.__path__):\n"
+        "        importlib.import_module(face.__name__ + '.' + m.name)\n"
+        f"print(inspect.ismodule(getattr(face, {name!r})))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return out.stdout.strip() == "True"
+
+
 @pytest.mark.parametrize("package", PACKAGES)
-def test_no_public_function_shares_its_name_with_a_submodule(package):
-    """Once a submodule is imported, Python binds it on its package and it would hide a public name."""
+def test_no_public_function_is_shadowed_by_a_submodule_of_the_same_name(package):
+    """Importing a submodule binds it on its package; a public function of that name would then be hidden."""
     face = importlib.import_module(package)
     submodules = {m.name for m in pkgutil.iter_modules(face.__path__)}
-    for name in set(face.__all__) & submodules:
-        value = getattr(face, name)
-        assert value.__name__ == f"{package}.{name}", (
-            f"{package} exports {name!r}, which is also the name of its submodule {package}.{name}: "
-            "rename the module so that `from {package} import {name}` cannot return the module")
+    for name in sorted(set(face.__all__) & submodules):
+        promised = _is_module_in_fresh_interpreter(package, name, import_submodules_first=False)
+        after_imports = _is_module_in_fresh_interpreter(package, name, import_submodules_first=True)
+        assert after_imports == promised, (
+            f"{package} exports {name!r}, which is also its submodule {package}.{name}: once that module is "
+            f"imported, `from {package} import {name}` returns the module. Rename the module.")
