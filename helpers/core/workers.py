@@ -22,6 +22,7 @@ import tempfile
 import threading
 import time
 import traceback
+from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import wait
 from pathlib import Path
@@ -33,6 +34,9 @@ import torch
 import torch.distributed as dist
 
 HOST = "127.0.0.1"
+# What the forkserver imports before it forks workers. Nothing here may initialise CUDA: a child forked
+# from a process that did cannot use the GPU ("Cannot re-initialize CUDA in forked subprocess").
+# (torch.utils.benchmark, for one, asks the CUDA driver for a device count at import time.)
 _PRELOAD = ["torch", "torch.distributed", "helpers.core.workers"]
 
 
@@ -60,11 +64,39 @@ class WorkerTimeout(TimeoutError):
         super().__init__("\n".join(lines))
 
 
+@dataclass(frozen=True)
+class RankPlan:
+    """Where the ranks of one group run: the process-group ``backend`` and each rank's ``devices``, and why."""
+
+    backend: str
+    devices: tuple[str, ...]
+    reason: str
+
+    def device(self, rank: int) -> torch.device:
+        return torch.device(self.devices[rank])
+
+
+def plan_ranks(world_size: int, gpus: int | None = None) -> RankPlan:
+    """NCCL with one GPU per rank when there are at least ``world_size`` GPUs, otherwise gloo on the CPU.
+
+    ``gpus`` defaults to the visible CUDA devices (counted through NVML where torch can, so that the
+    caller's CUDA state is left untouched). Two ranks never share a GPU: NCCL refuses it, and a demo
+    that silently time-shared one card would teach the wrong speed-up.
+    """
+    if gpus is None:
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus >= world_size and dist.is_nccl_available():
+        return RankPlan("cpu:gloo,cuda:nccl", tuple(f"cuda:{r}" for r in range(world_size)),
+                        f"{world_size} ranks on NCCL, one GPU each ({gpus} visible)")
+    why = "no GPU" if gpus == 0 else f"{gpus} GPU{'s' if gpus > 1 else ''} for {world_size} ranks"
+    if gpus and not dist.is_nccl_available():
+        why = "this torch build has no NCCL"
+    return RankPlan("gloo", ("cpu",) * world_size, f"{world_size} ranks on gloo, CPU tensors ({why})")
+
+
 def default_backend(world_size: int) -> str:
-    """gloo for CPU tensors everywhere; NCCL for CUDA tensors as well when every rank can have its own GPU."""
-    if torch.cuda.is_available() and torch.cuda.device_count() >= world_size and dist.is_nccl_available():
-        return "cpu:gloo,cuda:nccl"
-    return "gloo"
+    """The process-group backend ``plan_ranks`` chooses for ``world_size`` ranks on this machine."""
+    return plan_ranks(world_size).backend
 
 
 def available_cores() -> int:
@@ -98,7 +130,15 @@ def launch(
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
     if timeout <= 0:
         raise ValueError(f"timeout must be positive seconds, got {timeout!r}")
-    backend = backend or default_backend(world_size)
+    if backend is None:
+        plan = plan_ranks(world_size)
+        backend = plan.backend
+        if echo and torch.cuda.is_available():  # on a GPU box, say whether the ranks got GPUs
+            print(f"launch: {plan.reason}")
+    elif "nccl" in backend and (torch.cuda.device_count() if torch.cuda.is_available() else 0) < world_size:
+        raise ValueError(f"backend {backend!r} needs one GPU per rank: {world_size} ranks, "
+                         f"{torch.cuda.device_count() if torch.cuda.is_available() else 0} GPUs visible. "
+                         "Leave backend=None to fall back to gloo on the CPU, or launch fewer ranks.")
     threads = threads or default_threads(world_size)
     payload = _pickle_by_value(fn, tuple(args), dict(kwargs or {}))
     context = worker_context(start_method)
@@ -151,6 +191,12 @@ def worker_context(start_method: str | None = None) -> mp.context.BaseContext:
     and never a fork of a multi-threaded notebook kernel. Use it for process pools and DataLoaders too.
     """
     method = start_method or ("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
+    if method == "fork":
+        raise ValueError("workers are never forked from the caller: once the caller has used CUDA (a notebook kernel "
+                         "always has), a forked child cannot. Use 'forkserver' or 'spawn'.")
+    # torch.cuda.is_available() then counts devices through NVML instead of initialising the CUDA driver,
+    # in this process and in the forkserver it starts, so a later fork stays usable.
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     context = mp.get_context(method)
     if method == "forkserver":
         context.set_forkserver_preload(_PRELOAD)
@@ -278,7 +324,7 @@ def _worker_main(spec: _WorkerSpec, conn) -> None:
 def _join_group(spec: _WorkerSpec) -> None:
     store = dist.TCPStore(HOST, spec.port, None, False, timeout=timedelta(seconds=spec.timeout))
     if "nccl" in spec.backend:
-        torch.cuda.set_device(spec.rank % torch.cuda.device_count())  # one GPU per rank
+        torch.cuda.set_device(spec.rank)  # plan_ranks gave every rank its own GPU
     dist.init_process_group(spec.backend, store=store, rank=spec.rank, world_size=spec.world_size, timeout=timedelta(seconds=spec.timeout))
 
 

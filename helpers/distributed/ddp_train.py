@@ -29,6 +29,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from helpers.core.data import DigitDataset, load_digits
 from helpers.core.models import LeNet
+from helpers.core.workers import plan_ranks
 
 def load_training_data(samples: int = 6000, download: bool = True) -> tuple[DigitDataset, str]:
     """The first ``samples`` MNIST training digits (a seeded random pick), and a sentence saying where they came from.
@@ -50,13 +51,15 @@ def load_training_data(samples: int = 6000, download: bool = True) -> tuple[Digi
 
 def setup_process_group() -> torch.device:
     """Join the group torchrun describes in the environment (RANK, WORLD_SIZE, MASTER_ADDR, ...); pick this rank's device."""
-    if torch.cuda.is_available():
-        local_rank = int(os.environ.get("LOCAL_RANK", 0))
-        torch.cuda.set_device(local_rank)
-        dist.init_process_group("nccl")
-        return torch.device("cuda", local_rank)
-    dist.init_process_group("gloo")
-    return torch.device("cpu")
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    plan = plan_ranks(int(os.environ.get("LOCAL_WORLD_SIZE", 1)))  # NCCL only with one GPU per local rank
+    device = plan.device(local_rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(plan.backend)
+    if dist.get_rank() == 0:
+        print(f"ddp-demo: {plan.reason}", flush=True)
+    return device
 
 
 def ranks_agree(model: nn.Module) -> bool:

@@ -8,6 +8,7 @@ synchronised around each timed block, a warm-up call first, and all CPU threads
 from __future__ import annotations
 
 import contextlib
+import statistics
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
@@ -223,20 +224,25 @@ def benchmark_mistakes(device: str | torch.device | None = None, n: int | None =
         "GPU calls return before the work is done: synchronise before reading the clock",
     )
 
-    # A freshly built model's first training step pays one-off costs: allocating
-    # gradients and Adam's state, and (on a GPU) library handles and kernel selection.
+    # A freshly built model's first training step pays one-off costs: allocating gradients and Adam's
+    # state (fresh pages, on a CPU), and on a GPU library handles and kernel selection. One first step
+    # is one noisy reading, so the mistake is the median first step of several fresh models.
     hidden = 4096 if is_gpu(device) else 1024
-    net = torch.nn.Sequential(torch.nn.Linear(1024, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 1024)).to(device)
-    optimizer = torch.optim.Adam(net.parameters())
-    inputs = torch.randn(64, 1024, device=device)
 
-    def train_step():
-        optimizer.zero_grad()
-        net(inputs).square().mean().backward()
-        optimizer.step()
+    def fresh_training_step() -> Callable[[], None]:
+        net = torch.nn.Sequential(torch.nn.Linear(1024, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 1024)).to(device)
+        optimizer = torch.optim.Adam(net.parameters())
+        inputs = torch.randn(64, 1024, device=device)
 
-    first = time_once(train_step, sync=device)
-    no_warmup = Mistake("no warm-up", first, timeit(train_step, device=device, min_run_time=0.2).median, "the first call pays one-off costs: warm up, then time many calls")
+        def train_step():
+            optimizer.zero_grad()
+            net(inputs).square().mean().backward()
+            optimizer.step()
+        return train_step
+
+    first = statistics.median(time_once(fresh_training_step(), sync=device) for _ in range(5))
+    no_warmup = Mistake("no warm-up", first, timeit(fresh_training_step(), device=device, min_run_time=0.2).median,
+                        "the first call pays one-off costs: warm up, then time many calls")
 
     model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1)).to(device)
     batch = torch.randn(64, 256, device=device)
