@@ -46,3 +46,13 @@ def test_no_public_function_is_shadowed_by_a_submodule_of_the_same_name(package)
         assert after_imports == promised, (
             f"{package} exports {name!r}, which is also its submodule {package}.{name}: once that module is "
             f"imported, `from {package} import {name}` returns the module. Rename the module.")
+
+
+def test_generated_files_go_to_the_checkouts_build_folder_wherever_python_runs(tmp_path):
+    """build_dir and data_root find the checkout from the package's own location, not from the working folder."""
+    code = "from helpers.core.paths import build_dir; from helpers.core.data import data_root; print(build_dir('x')); print(data_root())"
+    env = {k: v for k, v in __import__("os").environ.items() if k not in ("EDL_BUILD_DIR", "EDL_DATA_DIR")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path, env=env)
+    built, data = out.stdout.split()
+    checkout = __import__("pathlib").Path(helpers.__file__).resolve().parents[1]
+    assert built == str(checkout / "build" / "x") and data == str(checkout / "data")

@@ -25,6 +25,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
 from helpers.core.device import gpu_available, gpu_notice
+from helpers.core.paths import kit_root
 
 DATA_ENV_VAR = "EDL_DATA_DIR"
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081  # over the 60,000 training digits, pixels scaled to [0, 1]
@@ -46,8 +47,8 @@ def data_root(root: str | Path | None = None) -> Path:
         return Path(root)
     if os.environ.get(DATA_ENV_VAR):
         return Path(os.environ[DATA_ENV_VAR])
-    checkout = Path(__file__).resolve().parents[1]
-    if (checkout / "pyproject.toml").exists():
+    checkout = kit_root()
+    if checkout:
         return checkout / "data"
     return Path.home() / ".cache" / "edl-kit" / "data"
 

@@ -7,14 +7,20 @@ from pathlib import Path
 ENV_VAR = "EDL_BUILD_DIR"
 
 
+def kit_root() -> Path | None:
+    """The kit's checkout (the folder holding pyproject.toml), or None when the package is installed elsewhere."""
+    checkout = Path(__file__).resolve().parents[2]  # helpers/core/paths.py -> the checkout
+    return checkout if (checkout / "pyproject.toml").exists() else None
+
+
 def build_dir(*parts: str) -> Path:
     """``build/<parts>`` at the kit's root (or under $EDL_BUILD_DIR), created if missing, as an absolute path."""
     root = os.environ.get(ENV_VAR)
     if root:
         base = Path(root)
     else:
-        kit = Path(__file__).resolve().parents[1]
-        base = kit / "build" if (kit / "pyproject.toml").exists() else Path.cwd() / "build"
+        kit = kit_root()
+        base = kit / "build" if kit else Path.cwd() / "build"
     path = base.joinpath(*parts).resolve()
     path.mkdir(parents=True, exist_ok=True)
     return path

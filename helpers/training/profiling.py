@@ -27,7 +27,7 @@ from torch import nn  # noqa: E402
 from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler  # noqa: E402
 
 from helpers.core.device import is_gpu, pick_device, synchronize  # noqa: E402
-from helpers.core.paths import build_dir  # noqa: E402
+from helpers.core.paths import build_dir, kit_root  # noqa: E402
 from helpers.core.report import Column, Report, format_seconds  # noqa: E402
 
 # ---------------------------------------------------------------- cProfile
@@ -194,7 +194,7 @@ def py_spy(workload: str = "input_pipeline", seconds: float = 2.0, rate: int = 1
     command = [exe, "record", "--rate", str(rate), "--format", "raw", "--output", str(output), "--",
                sys.executable, "-m", "helpers.training.workloads", workload, "--seconds", str(seconds)]
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=Path(__file__).resolve().parents[1])
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=kit_root() or Path.cwd())
     except subprocess.TimeoutExpired:
         return SampledProfile([], "failed", notes=[f"py-spy did not finish within {timeout:.0f} s."])
     except OSError as err:  # e.g. a py-spy binary for another platform
