@@ -13,6 +13,7 @@
 #   make grades          assignments/grades.csv, course_grades.csv and a class summary
 #   make import          collect an LMS download into submitted/ (A=<id> ZIP=<file.zip>)
 #   make ddp-demo        data-parallel LeNet under torchrun on this machine (NPROC=2)
+#   make serve           serve the course's MNIST model on 127.0.0.1 until Ctrl-C (PORT=8000, WORKERS=1)
 #
 # Knobs: DEVICE=cpu|cuda (lectures), B=<name> and QUICK=1 (bench), PYTEST_ARGS=... (test),
 #        COURSE=<folder> (grading targets; default assignments).
@@ -86,3 +87,10 @@ NPROC ?= 2
 .PHONY: ddp-demo
 ddp-demo: setup
 	$(VENV)/bin/torchrun --standalone --nproc_per_node=$(NPROC) -m helpers.distributed.ddp_train $(DDP_ARGS)
+
+# The course's MNIST model behind FastAPI + uvicorn on 127.0.0.1 (trained first if not cached; Ctrl-C stops it).
+PORT ?= 8000
+WORKERS ?= 1
+.PHONY: serve
+serve: setup
+	$(PY) -m helpers.serving.server --port $(PORT) --workers $(WORKERS)

@@ -1,0 +1,130 @@
+"""A bounded load generator: N concurrent clients, a cap on requests and on seconds, latency percentiles.
+
+Written here rather than taken from Locust or k6 because on a 2-core laptop those tools' own processes
+would take the cores the server needs; an asyncio loop with one httpx client is enough to saturate a
+one-process Python service, and its every request is bounded in count and time. For real load tests
+of a deployed service, use Locust, k6 or wrk against it from another machine.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import httpx
+import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
+
+from helpers.core.report import Report, column, format_seconds
+
+
+@dataclass
+class LoadLevel:
+    """What one concurrency level achieved."""
+
+    concurrency: int = column("concurrency")
+    requests: int = column("requests", ",")
+    errors: int = column("errors", ",")
+    throughput: float = column("requests/s", ".1f")
+    inputs_per_s: float = column("inputs/s", ",.0f")
+    p50: float = column("p50", format_seconds)
+    p95: float = column("p95", format_seconds)
+    p99: float = column("p99", format_seconds)
+    seconds: float = column("wall time", ".2f")
+    latencies: list[float] | None = None
+    first_error: str = ""
+
+
+class LoadReport(Report):
+    """Throughput and latency percentiles per concurrency level, under a bounded load."""
+
+    title = "Bounded load on the service"
+
+    def plot(self, ax=None):
+        """Latency percentiles against throughput, one point per concurrency level."""
+        from helpers.core.plots import line_chart
+
+        series = {name: ([r.throughput for r in self.rows], [getattr(r, name) * 1e3 for r in self.rows])
+                  for name in ("p50", "p95", "p99")}
+        ax = line_chart(series, ax, title=self.title, xlabel="throughput (requests/s); point labels: concurrency",
+                        ylabel="latency (ms)")
+        for r in self.rows:
+            ax.annotate(str(r.concurrency), (r.throughput, r.p99 * 1e3), textcoords="offset points", xytext=(4, 4), fontsize=8)
+        return ax
+
+
+async def _run_level(url: str, payloads: Sequence[dict], concurrency: int, max_requests: int, max_seconds: float,
+                     timeout: float) -> LoadLevel:
+    latencies: list[float] = []
+    errors: list[str] = []
+    issued = 0
+    deadline = time.perf_counter() + max_seconds
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+
+    async def client(http: httpx.AsyncClient) -> None:
+        nonlocal issued
+        while issued < max_requests and time.perf_counter() < deadline:
+            payload = payloads[issued % len(payloads)]
+            issued += 1
+            start = time.perf_counter()
+            try:
+                answer = await http.post(url, json=payload)
+                ok = answer.status_code == 200
+                reason = "" if ok else f"HTTP {answer.status_code}: {answer.text[:200]}"
+            except httpx.HTTPError as err:
+                ok, reason = False, f"{type(err).__name__}: {err}"
+            latencies.append(time.perf_counter() - start)
+            if not ok:
+                errors.append(reason)
+
+    begin = time.perf_counter()
+    async with httpx.AsyncClient(limits=limits, timeout=timeout) as http:
+        await asyncio.gather(*(client(http) for _ in range(concurrency)))
+    wall = time.perf_counter() - begin
+    done = np.array(latencies) if latencies else np.array([float("nan")])
+    p50, p95, p99 = np.percentile(done, [50, 95, 99])
+    per_request = len(payloads[0].get("inputs", [None])) if payloads else 1
+    return LoadLevel(concurrency, len(latencies), len(errors), len(latencies) / wall, len(latencies) * per_request / wall,
+                     float(p50), float(p95), float(p99), wall, latencies, errors[0] if errors else "")
+
+
+def _run(coroutine):
+    """Run a coroutine from plain code or from a notebook cell (whose event loop is already running)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
+
+
+def load_test(url: str, payloads: Sequence[dict], concurrency: int | Sequence[int] = 8, max_requests: int = 500,
+              max_seconds: float = 10.0, timeout: float = 30.0) -> LoadReport:
+    """POST ``payloads`` (cycled) to ``url`` from ``concurrency`` clients, at most ``max_requests`` and ``max_seconds`` per level.
+
+    ``concurrency`` may be a list of levels, run one after another (a concurrency sweep).
+    """
+    levels = [concurrency] if isinstance(concurrency, int) else list(concurrency)
+    if not payloads:
+        raise ValueError("load_test needs at least one payload to send")
+    if any(c < 1 for c in levels) or max_requests < 1 or max_seconds <= 0:
+        raise ValueError(f"concurrency levels must be >= 1 and the caps positive; got {levels}, "
+                         f"max_requests={max_requests}, max_seconds={max_seconds}")
+    rows = [_run(_run_level(url, payloads, c, max_requests, max_seconds, timeout)) for c in levels]
+    notes = [f"Each level: at most {max_requests:,} requests and {max_seconds:g} s, from one asyncio client process."]
+    notes += [f"concurrency {r.concurrency}: first error: {r.first_error}" for r in rows if r.errors]
+    return LoadReport(rows, notes)
+
+
+def read_metrics(base_url: str) -> dict[str, float]:
+    """The service's /metrics, parsed with prometheus-client's own parser: {sample name{labels}: value}."""
+    text = httpx.get(base_url.rstrip("/") + "/metrics", timeout=10).raise_for_status().text
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+            samples[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return samples

@@ -1,0 +1,92 @@
+"""Serve the course's MNIST model over HTTP: ``python -m helpers.serving.server --port 8000`` (``make serve``).
+
+Listens on 127.0.0.1 unless told otherwise, trains the model first if it is not cached, and stops
+cleanly on Ctrl-C (SIGINT) or SIGTERM. ``--workers N`` runs N processes behind one port (uvicorn's
+supervisor); their Prometheus metrics are added up on /metrics.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+
+import torch
+import uvicorn
+
+from helpers.core.procs import LOOPBACK, ServedProcess, free_port
+from helpers.core.paths import build_dir
+
+ENV_MODEL, ENV_THREADS, ENV_TORCH_THREADS = "EDL_SERVE_MODEL", "EDL_SERVE_THREADS", "EDL_SERVE_TORCH_THREADS"
+
+
+def app_from_env():
+    """The app, configured from the environment: what each uvicorn worker process calls."""
+    from helpers.serving.model import load_model
+    from helpers.serving.service import create_app
+
+    torch.set_num_threads(int(os.environ.get(ENV_TORCH_THREADS, "1")))
+    metrics_body = None
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import CollectorRegistry, generate_latest, multiprocess
+
+        def metrics_body() -> bytes:
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry)
+            return generate_latest(registry)
+    return create_app(load_model(os.environ[ENV_MODEL]), threads=int(os.environ.get(ENV_THREADS, "1")),
+                      metrics_body=metrics_body)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m helpers.serving.server", description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0 = any free port)")
+    parser.add_argument("--host", default=LOOPBACK, help="address to listen on (default 127.0.0.1: this machine only)")
+    parser.add_argument("--workers", type=int, default=1, help="server processes behind the port (default 1)")
+    parser.add_argument("--threads", type=int, default=1, help="model calls at once per process, each in a thread (default 1)")
+    parser.add_argument("--torch-threads", type=int, default=1, help="torch intra-op threads per process (default 1)")
+    args = parser.parse_args(argv)
+    for name in ("workers", "threads", "torch_threads"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if not 0 <= args.port <= 65535:
+        parser.error(f"--port must be 0..65535, got {args.port}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    from helpers.serving.model import mnist_model
+
+    args = parse_args(argv)
+    _, info = mnist_model()  # trains and caches it on first use
+    port = args.port or free_port()
+    os.environ.update({ENV_MODEL: info.path, ENV_THREADS: str(args.threads), ENV_TORCH_THREADS: str(args.torch_threads)})
+    if args.workers > 1:
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="edl-metrics-", dir=build_dir("serving"))
+    print(f"serving the MNIST model ({info.data} digits, held-out accuracy {info.holdout_accuracy:.1%}) on "
+          f"http://{args.host}:{port} with {args.workers} worker(s) x {args.threads} thread(s); Ctrl-C stops it",
+          flush=True)
+    uvicorn.run("helpers.serving.server:app_from_env", factory=True, host=args.host, port=port,
+                workers=args.workers, log_level="warning")
+    print("server stopped", flush=True)
+
+
+def start_service(port: int | None = None, workers: int = 1, threads: int = 1, torch_threads: int = 1,
+                  startup_timeout: float = 90.0) -> ServedProcess:
+    """The service as a child process on 127.0.0.1 (a free port unless given), healthy when this returns.
+
+    Use it in a ``with`` block, or call ``.stop()``; it also stops when its owner (a notebook kernel,
+    a test) exits, and its log is kept under build/serving/.
+    """
+    from helpers.serving.model import mnist_model
+
+    mnist_model()  # train here, once, rather than racing in the child
+    port = port or free_port()
+    command = [sys.executable, "-m", "helpers.serving.server", "--port", str(port), "--workers", str(workers),
+               "--threads", str(threads), "--torch-threads", str(torch_threads)]
+    return ServedProcess(command, port, health_path="/health", log_path=build_dir("serving") / f"server-{port}.log",
+                         startup_timeout=startup_timeout)
+
+
+if __name__ == "__main__":
+    main()

