@@ -6,13 +6,15 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import psutil
 import pytest
 
 from helpers.core.procs import free_port
-from helpers.serving import load_test, mnist_holdout, mnist_model, read_metrics, server_timing, start_service
+from helpers.serving import (check_dockerfile, load_test, mnist_holdout, mnist_model, read_metrics, request_breakdown,
+                             server_timing, start_service)
 
 
 @pytest.fixture(scope="module")
@@ -135,3 +137,39 @@ def test_a_served_process_never_outlives_its_owner(tmp_path):
 def test_bad_server_options_are_clear_errors():
     done = subprocess.run([sys.executable, "-m", "helpers.serving.server", "--workers", "0"], capture_output=True, text=True)
     assert done.returncode == 2 and "--workers must be at least 1" in done.stderr
+
+
+DOCKERFILE = Path(__file__).resolve().parents[1] / "lectures" / "06-web-services" / "Dockerfile"
+
+
+def test_the_lectures_dockerfile_passes_every_static_check():
+    report = check_dockerfile(DOCKERFILE)
+    assert report.ok, report.failed
+
+
+@pytest.mark.parametrize("change, failed_check", [
+    (("FROM python:3.11.14-slim-bookworm", "FROM python:latest"), "FROM a pinned base image"),
+    (("USER server", "USER root"), "runs as a non-root USER"),
+    (('CMD ["python", "-m", "helpers.serving.server", "--host", "0.0.0.0", "--port", "8000"]',
+      "CMD python -m helpers.serving.server --host 0.0.0.0"), "exec-form start command"),
+    (("EXPOSE 8000", "ENV API_TOKEN=abc123"), "EXPOSE the service port"),
+    (("EXPOSE 8000", "ENV API_TOKEN=abc123"), "no secrets in ENV/ARG"),
+    (("COPY pyproject.toml README.md ./", "COPY helpers/ helpers/\nCOPY pyproject.toml README.md ./"),
+     "dependencies installed before the code is copied"),
+])
+def test_each_static_check_catches_its_mistake(tmp_path, change, failed_check):
+    broken = tmp_path / "Dockerfile"
+    broken.write_text(DOCKERFILE.read_text().replace(*change))
+    assert failed_check in check_dockerfile(broken).failed
+
+
+def test_a_missing_dockerfile_says_where_to_look(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no Dockerfile"):
+        check_dockerfile(tmp_path / "Dockerfile")
+
+
+def test_a_request_breakdown_adds_up_to_the_clients_total(service, holdout):
+    report = request_breakdown(service.url, holdout[0], inputs=4, requests=10)
+    parts = sum(r.median for r in report.rows if r.phase != "client total")
+    assert report.seconds("run the model") > 0 and report.seconds("client total") > 0
+    assert parts == pytest.approx(report.seconds("client total"), rel=0.5)  # medians of parts need not add up exactly

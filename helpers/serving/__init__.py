@@ -8,5 +8,6 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     ".model": ["ModelInfo", "ServedMLP", "flat_pixels", "load_model", "mnist_holdout", "mnist_model"],
     ".service": ["MAX_BATCH", "create_app", "server_timing"],
     ".server": ["start_service"],
-    ".load": ["LoadReport", "load_test", "read_metrics"],
+    ".load": ["LoadReport", "RequestBreakdown", "load_test", "read_metrics", "request_breakdown"],
+    ".dockerfile": ["check_dockerfile"],
 })

@@ -128,3 +128,58 @@ def read_metrics(base_url: str) -> dict[str, float]:
             labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
             samples[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
     return samples
+
+
+@dataclass
+class Phase:
+    """One part of a request's time: its median over the requests sent, and its share of the client's total."""
+
+    phase: str = column("where the time goes")
+    median: float = column("median", format_seconds)
+    share: float = column("share of total", ".0%")
+
+
+class RequestBreakdown(Report):
+    """Where one request's time goes: the server's own phases (from Server-Timing) and the rest (HTTP, network, queueing)."""
+
+    title = "One request, taken apart"
+
+    def __init__(self, rows, inputs: int, requests: int):
+        self.inputs, self.requests = inputs, requests
+        super().__init__(rows, [f"Median of {requests} sequential requests with {inputs} image(s) each; "
+                                "'HTTP, network and framework' is the client's total minus the server's phases."])
+
+    def seconds(self, phase: str) -> float:
+        return self.find(phase=phase).median
+
+    def plot(self, ax=None):
+        from helpers.core.plots import horizontal_bars
+
+        parts = [r for r in self.rows if r.phase != "client total"]
+        return horizontal_bars([r.phase for r in parts], [r.median * 1e3 for r in parts], ax,
+                               title=self.title, xlabel="median time (ms)")
+
+
+def request_breakdown(base_url: str, pixels, inputs: int = 1, requests: int = 50) -> RequestBreakdown:
+    """Send ``requests`` sequential /predict requests of ``inputs`` images; split each one's time by phase."""
+    from helpers.serving.service import server_timing
+
+    rows: list[dict[str, float]] = []
+    with httpx.Client(timeout=30) as http:
+        body = {"inputs": pixels[:inputs].tolist()}
+        http.post(base_url + "/predict", json=body).raise_for_status()  # warm-up: connection, first model call
+        for _ in range(requests):
+            start = time.perf_counter()
+            answer = http.post(base_url + "/predict", json=body)
+            total = time.perf_counter() - start
+            answer.raise_for_status()
+            phases = server_timing(answer.headers["server-timing"])
+            phases["HTTP, network and framework"] = max(total - sum(phases.values()), 0.0)
+            phases["client total"] = total
+            rows.append(phases)
+    labels = {"parse": "parse JSON", "validate": "validate input", "model": "run the model",
+              "serialize": "serialise the answer", "HTTP, network and framework": "HTTP, network and framework",
+              "client total": "client total"}
+    total = float(np.median([r["client total"] for r in rows]))
+    return RequestBreakdown([Phase(label, float(np.median([r[key] for r in rows])), float(np.median([r[key] for r in rows])) / total)
+                             for key, label in labels.items()], inputs, requests)
