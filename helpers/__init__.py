@@ -2,7 +2,7 @@
 
 Lecture-facing names come straight from the package (``from helpers import profile_ops,
 timeit``); each course block's own names come from its subpackage (``helpers.hardware``,
-``helpers.distributed``, ``helpers.training``). Everything loads on first use, so
+``helpers.distributed``, ``helpers.training``, ``helpers.serving``, ``helpers.mlops``). Everything loads on first use, so
 ``import helpers`` is cheap.
 """
 import logging
@@ -31,4 +31,5 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "helpers.distributed": ["accumulation_memory", "checkpointing_memory", "precision_memory", "offload_memory",
                             "zero_check", "zero_memory", "pipeline_experiment", "pipeline_schedule",
                             "tensor_parallel_check", "alexnet_model_parallel"],
+    "helpers.mlops": ["detect_drift"],
 })

@@ -127,8 +127,12 @@ class Report:
             raise LookupError(f"{type(self).__name__}: no row with {wanted}. Rows have: {shown or 'no rows'}")
         raise LookupError(f"{type(self).__name__}: {len(matches)} rows have {wanted}; add a field to tell them apart")
 
+    def shown_rows(self) -> list[Any]:
+        """The rows the table and HTML show (all of them; a report with very many rows may show fewer)."""
+        return self.rows
+
     def table(self) -> str:
-        text = format_table(self.columns, self.rows, self.title)
+        text = format_table(self.columns, self.shown_rows(), self.title)
         return "\n".join([text, *self.notes])
 
     def __str__(self) -> str:
@@ -141,7 +145,7 @@ class Report:
         head = "".join(f"<th>{html.escape(c.header)}</th>" for c in self.columns)
         body = "".join(
             "<tr>" + "".join(f"<td>{html.escape(c.render(r))}</td>" for c in self.columns) + "</tr>"
-            for r in self.rows
+            for r in self.shown_rows()
         )
         caption = f"<caption style='text-align:left'><b>{html.escape(self.title)}</b></caption>" if self.title else ""
         notes = "".join(f"<p><i>{html.escape(n)}</i></p>" for n in self.notes)
