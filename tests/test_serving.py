@@ -8,12 +8,14 @@ import sys
 import time
 from pathlib import Path
 
+import grpc
 import httpx
 import psutil
 import pytest
 
 from helpers.core.procs import free_port
-from helpers.serving import (check_dockerfile, load_test, mnist_holdout, mnist_model, read_metrics, request_breakdown,
+from helpers.serving import (check_dockerfile, grpc_predict, http_vs_grpc, load_test, mnist_holdout, mnist_model, read_metrics,
+                             request_breakdown,
                              server_timing, start_service)
 
 
@@ -173,3 +175,30 @@ def test_a_request_breakdown_adds_up_to_the_clients_total(service, holdout):
     parts = sum(r.median for r in report.rows if r.phase != "client total")
     assert report.seconds("run the model") > 0 and report.seconds("client total") > 0
     assert parts == pytest.approx(report.seconds("client total"), rel=0.5)  # medians of parts need not add up exactly
+
+
+@pytest.fixture(scope="module")
+def both_protocols():
+    with start_service(grpc=True) as served:
+        yield served
+
+
+def test_grpc_answers_equal_http_answers_and_count_in_the_same_metrics(both_protocols, holdout):
+    pixels = holdout[0][:25]
+    before = read_metrics(both_protocols.url)["predictions_total"]
+    over_http = httpx.post(both_protocols.url + "/predict", json={"inputs": pixels.tolist()}).json()["predictions"]
+    assert grpc_predict(both_protocols.grpc_address, pixels) == over_http
+    assert read_metrics(both_protocols.url)["predictions_total"] - before == 50
+
+
+@pytest.mark.parametrize("bad, says", [(lambda p: p[:, :10], "784"), (lambda p: p * 3, "0..1"), (lambda p: p[:0], "1 to")])
+def test_bad_grpc_input_is_invalid_argument_with_a_message(both_protocols, holdout, bad, says):
+    with pytest.raises(grpc.RpcError) as raised:
+        grpc_predict(both_protocols.grpc_address, bad(holdout[0][:3]))
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT and says in raised.value.details()
+
+
+def test_the_protocol_comparison_reports_both_and_agrees(both_protocols, holdout):
+    report = http_vs_grpc(both_protocols, holdout[0], requests=10)
+    assert [r.protocol for r in report.rows] == ["HTTP + JSON", "gRPC + protobuf"]
+    assert report.rows[1].same_answers and report.rows[1].request_bytes < report.rows[0].request_bytes

@@ -8,7 +8,8 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     ".model": ["ModelInfo", "ServedMLP", "flat_pixels", "load_model", "mnist_holdout", "mnist_model"],
     ".service": ["MAX_BATCH", "create_app", "server_timing"],
     ".server": ["start_service"],
-    ".experiments": ["compare_servers"],
+    ".experiments": ["compare_servers", "http_vs_grpc"],
     ".load": ["LoadReport", "RequestBreakdown", "load_test", "read_metrics", "request_breakdown"],
     ".dockerfile": ["check_dockerfile"],
+    ".grpc_service": ["grpc_predict"],
 })

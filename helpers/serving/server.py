@@ -17,7 +17,7 @@ import uvicorn
 from helpers.core.procs import LOOPBACK, ServedProcess, free_port
 from helpers.core.paths import build_dir
 
-ENV_MODEL, ENV_THREADS, ENV_TORCH_THREADS = "EDL_SERVE_MODEL", "EDL_SERVE_THREADS", "EDL_SERVE_TORCH_THREADS"
+ENV_MODEL, ENV_THREADS, ENV_TORCH_THREADS, ENV_GRPC = "EDL_SERVE_MODEL", "EDL_SERVE_THREADS", "EDL_SERVE_TORCH_THREADS", "EDL_SERVE_GRPC_PORT"
 
 
 def app_from_env():
@@ -35,7 +35,7 @@ def app_from_env():
             multiprocess.MultiProcessCollector(registry)
             return generate_latest(registry)
     return create_app(load_model(os.environ[ENV_MODEL]), threads=int(os.environ.get(ENV_THREADS, "1")),
-                      metrics_body=metrics_body)
+                      metrics_body=metrics_body, grpc_port=int(os.environ.get(ENV_GRPC, "0")) or None)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -45,6 +45,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=1, help="server processes behind the port (default 1)")
     parser.add_argument("--threads", type=int, default=1, help="model calls at once per process, each in a thread (default 1)")
     parser.add_argument("--torch-threads", type=int, default=1, help="torch intra-op threads per process (default 1)")
+    parser.add_argument("--grpc-port", type=int, default=0, help="also serve gRPC (digits.proto) on this port (default: no gRPC)")
     args = parser.parse_args(argv)
     for name in ("workers", "threads", "torch_threads"):
         if getattr(args, name) < 1:
@@ -60,11 +61,13 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     _, info = mnist_model()  # trains and caches it on first use
     port = args.port or free_port()
-    os.environ.update({ENV_MODEL: info.path, ENV_THREADS: str(args.threads), ENV_TORCH_THREADS: str(args.torch_threads)})
+    os.environ.update({ENV_MODEL: info.path, ENV_THREADS: str(args.threads), ENV_TORCH_THREADS: str(args.torch_threads),
+                       ENV_GRPC: str(args.grpc_port)})
     if args.workers > 1:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="edl-metrics-", dir=build_dir("serving"))
     print(f"serving the MNIST model ({info.data} digits, held-out accuracy {info.holdout_accuracy:.1%}) on "
-          f"http://{args.host}:{port} with {args.workers} worker(s) x {args.threads} thread(s); Ctrl-C stops it",
+          f"http://{args.host}:{port} with {args.workers} worker(s) x {args.threads} thread(s)"
+          + (f", gRPC on {args.host}:{args.grpc_port}" if args.grpc_port else "") + "; Ctrl-C stops it",
           flush=True)
     uvicorn.run("helpers.serving.server:app_from_env", factory=True, host=args.host, port=port,
                 workers=args.workers, log_level="warning")
@@ -72,9 +75,10 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def start_service(port: int | None = None, workers: int = 1, threads: int = 1, torch_threads: int = 1,
-                  startup_timeout: float = 90.0) -> ServedProcess:
+                  grpc: bool = False, startup_timeout: float = 90.0) -> ServedProcess:
     """The service as a child process on 127.0.0.1 (a free port unless given), healthy when this returns.
 
+    With ``grpc=True`` it also answers gRPC on another free port: ``service.grpc_address``.
     Use it in a ``with`` block, or call ``.stop()``; it also stops when its owner (a notebook kernel,
     a test) exits, and its log is kept under build/serving/.
     """
@@ -84,8 +88,13 @@ def start_service(port: int | None = None, workers: int = 1, threads: int = 1, t
     port = port or free_port()
     command = [sys.executable, "-m", "helpers.serving.server", "--port", str(port), "--workers", str(workers),
                "--threads", str(threads), "--torch-threads", str(torch_threads)]
-    return ServedProcess(command, port, health_path="/health", log_path=build_dir("serving") / f"server-{port}.log",
-                         startup_timeout=startup_timeout)
+    grpc_port = free_port() if grpc else 0
+    if grpc_port:
+        command += ["--grpc-port", str(grpc_port)]
+    service = ServedProcess(command, port, health_path="/health", log_path=build_dir("serving") / f"server-{port}.log",
+                            startup_timeout=startup_timeout)
+    service.grpc_address = f"{LOOPBACK}:{grpc_port}" if grpc_port else None
+    return service
 
 
 if __name__ == "__main__":

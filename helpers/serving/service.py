@@ -8,6 +8,7 @@ Bad input is answered 422 with a message that says what was wrong; the service s
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from typing import Annotated, Callable
@@ -53,22 +54,40 @@ def unprocessable(message: str, metrics: Metrics) -> JSONResponse:
 
 
 def create_app(model: nn.Module, *, threads: int = 1, registry: CollectorRegistry | None = None,
-               metrics_body: Callable[[], bytes] | None = None) -> FastAPI:
+               metrics_body: Callable[[], bytes] | None = None, grpc_port: int | None = None) -> FastAPI:
     """The service around ``model`` (pixels (N, 784) -> logits (N, 10)).
 
     ``threads`` model calls may run at once, each in a thread of its own (torch releases the GIL inside
     its operators); more requests wait. ``metrics_body`` overrides what /metrics returns (several worker
-    processes aggregate their metrics there).
+    processes aggregate their metrics there). ``grpc_port`` also serves the same model over gRPC
+    (digits.proto) while the app runs, counted in the same metrics.
     """
     model.eval()
     metrics = Metrics(registry)
     limiter = anyio.CapacityLimiter(threads)
-    app = FastAPI(title="MNIST digit service", version="1.0")
-    app.state.metrics = metrics
 
     def predict_digits(pixels: torch.Tensor) -> list[int]:
         with torch.inference_mode():
             return model(pixels).argmax(1).tolist()
+
+    def predict_over_grpc(pixels: torch.Tensor) -> list[int]:
+        digits = predict_digits(pixels)
+        metrics.predictions.inc(len(digits))
+        return digits
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        grpc_server = None
+        if grpc_port:
+            from helpers.serving.grpc_service import serve_grpc
+
+            grpc_server = serve_grpc(predict_over_grpc, grpc_port, max_batch=MAX_BATCH)
+        yield
+        if grpc_server is not None:
+            grpc_server.stop(grace=1.0).wait()
+
+    app = FastAPI(title="MNIST digit service", version="1.0", lifespan=lifespan)
+    app.state.metrics = metrics
 
     @app.get("/health")
     def health() -> dict:
