@@ -93,3 +93,46 @@ def http_vs_grpc(service, pixels, requests: int = 50) -> ProtocolComparison:
     rows = [ProtocolTiming("HTTP + JSON", statistics.median(http_times), len(json.dumps(bodies[0]).encode()), True),
             ProtocolTiming("gRPC + protobuf", statistics.median(grpc_times), messages[0].ByteSize(), grpc_answers == http_answers)]
     return ProtocolComparison(rows, [f"{len(bodies)} requests each way, alternating, on one connection each."])
+
+
+@dataclass
+class BatchingSetting:
+    setting: str = column("server")
+    throughput: float = column("requests/s", ".1f")
+    p50: float = column("p50", format_seconds)
+    p99: float = column("p99", format_seconds)
+    mean_batch: float = column("inputs per model call", ".1f")
+    errors: int = column("errors")
+
+
+class BatchingTradeoff(Report):
+    """A plain server against dynamically batching ones, under the same bounded load."""
+
+    title = "Dynamic batching: throughput against latency"
+
+    def plain(self) -> BatchingSetting:
+        return self.rows[0]
+
+    def plot(self, ax=None):
+        from helpers.core.plots import labelled_scatter
+
+        points = {r.setting: (r.throughput, r.p99 * 1e3) for r in self.rows}
+        return labelled_scatter(points, ax, title=self.title, xlabel="requests/s", ylabel="p99 latency (ms)")
+
+
+def batching_tradeoff(payloads: Sequence[dict], settings: Sequence[tuple[int, float]] = ((8, 2.0), (32, 5.0)),
+                      concurrency: int = 16, max_requests: int = 400, max_seconds: float = 10.0) -> BatchingTradeoff:
+    """The plain service, then one per (max batch size, max wait ms) setting, each under the same load."""
+    from helpers.serving.load import read_metrics
+
+    rows = []
+    for batch_size, wait in [(0, 0.0), *settings]:
+        with start_service(batch_size=batch_size, max_wait_ms=wait) as service:
+            level = load_test(service.url + "/predict", payloads, concurrency, max_requests, max_seconds).rows[0]
+            metrics = read_metrics(service.url)
+        calls = metrics.get("model_batch_inputs_count", 0.0)
+        mean = metrics["model_batch_inputs_sum"] / calls if calls else 1.0
+        name = "plain (one call per request)" if not batch_size else f"batch <= {batch_size}, wait <= {wait:g} ms"
+        rows.append(BatchingSetting(name, level.throughput, level.p50, level.p99, mean, level.errors))
+    return BatchingTradeoff(rows, [f"Each server: {max_requests} single-image requests at concurrency {concurrency} "
+                                   f"(at most {max_seconds:g} s)."])

@@ -17,7 +17,8 @@ import uvicorn
 from helpers.core.procs import LOOPBACK, ServedProcess, free_port
 from helpers.core.paths import build_dir
 
-ENV_MODEL, ENV_THREADS, ENV_TORCH_THREADS, ENV_GRPC = "EDL_SERVE_MODEL", "EDL_SERVE_THREADS", "EDL_SERVE_TORCH_THREADS", "EDL_SERVE_GRPC_PORT"
+ENV_MODEL, ENV_THREADS, ENV_TORCH_THREADS = "EDL_SERVE_MODEL", "EDL_SERVE_THREADS", "EDL_SERVE_TORCH_THREADS"
+ENV_GRPC, ENV_BATCH, ENV_WAIT = "EDL_SERVE_GRPC_PORT", "EDL_SERVE_BATCH_SIZE", "EDL_SERVE_MAX_WAIT_MS"
 
 
 def app_from_env():
@@ -35,7 +36,8 @@ def app_from_env():
             multiprocess.MultiProcessCollector(registry)
             return generate_latest(registry)
     return create_app(load_model(os.environ[ENV_MODEL]), threads=int(os.environ.get(ENV_THREADS, "1")),
-                      metrics_body=metrics_body, grpc_port=int(os.environ.get(ENV_GRPC, "0")) or None)
+                      metrics_body=metrics_body, grpc_port=int(os.environ.get(ENV_GRPC, "0")) or None,
+                      batch_size=int(os.environ.get(ENV_BATCH, "0")), max_wait_ms=float(os.environ.get(ENV_WAIT, "2")))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -46,7 +48,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1, help="model calls at once per process, each in a thread (default 1)")
     parser.add_argument("--torch-threads", type=int, default=1, help="torch intra-op threads per process (default 1)")
     parser.add_argument("--grpc-port", type=int, default=0, help="also serve gRPC (digits.proto) on this port (default: no gRPC)")
+    parser.add_argument("--batch-size", type=int, default=0, help="batch concurrent requests up to this many inputs (default 0: off)")
+    parser.add_argument("--max-wait-ms", type=float, default=2.0, help="longest a request waits for a batch to fill (default 2 ms)")
     args = parser.parse_args(argv)
+    if args.batch_size < 0 or args.max_wait_ms < 0:
+        parser.error("--batch-size and --max-wait-ms cannot be negative")
     for name in ("workers", "threads", "torch_threads"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
@@ -62,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
     _, info = mnist_model()  # trains and caches it on first use
     port = args.port or free_port()
     os.environ.update({ENV_MODEL: info.path, ENV_THREADS: str(args.threads), ENV_TORCH_THREADS: str(args.torch_threads),
-                       ENV_GRPC: str(args.grpc_port)})
+                       ENV_GRPC: str(args.grpc_port), ENV_BATCH: str(args.batch_size), ENV_WAIT: str(args.max_wait_ms)})
     if args.workers > 1:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="edl-metrics-", dir=build_dir("serving"))
     print(f"serving the MNIST model ({info.data} digits, held-out accuracy {info.holdout_accuracy:.1%}) on "
@@ -75,10 +81,12 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def start_service(port: int | None = None, workers: int = 1, threads: int = 1, torch_threads: int = 1,
-                  grpc: bool = False, startup_timeout: float = 90.0) -> ServedProcess:
+                  grpc: bool = False, batch_size: int = 0, max_wait_ms: float = 2.0,
+                  startup_timeout: float = 90.0) -> ServedProcess:
     """The service as a child process on 127.0.0.1 (a free port unless given), healthy when this returns.
 
-    With ``grpc=True`` it also answers gRPC on another free port: ``service.grpc_address``.
+    With ``grpc=True`` it also answers gRPC on another free port: ``service.grpc_address``; with
+    ``batch_size`` > 0 it batches concurrent requests (waiting at most ``max_wait_ms``).
     Use it in a ``with`` block, or call ``.stop()``; it also stops when its owner (a notebook kernel,
     a test) exits, and its log is kept under build/serving/.
     """
@@ -87,7 +95,8 @@ def start_service(port: int | None = None, workers: int = 1, threads: int = 1, t
     mnist_model()  # train here, once, rather than racing in the child
     port = port or free_port()
     command = [sys.executable, "-m", "helpers.serving.server", "--port", str(port), "--workers", str(workers),
-               "--threads", str(threads), "--torch-threads", str(torch_threads)]
+               "--threads", str(threads), "--torch-threads", str(torch_threads),
+               "--batch-size", str(batch_size), "--max-wait-ms", str(max_wait_ms)]
     grpc_port = free_port() if grpc else 0
     if grpc_port:
         command += ["--grpc-port", str(grpc_port)]

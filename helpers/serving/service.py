@@ -39,6 +39,8 @@ class Metrics:
         self.requests = Counter("predict_requests", "Requests to /predict by outcome.", ["outcome"], registry=self.registry)
         self.latency = Histogram("predict_latency_seconds", "Time to answer /predict, parsing to serialising.",
                                  buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.batch_sizes = Histogram("model_batch_inputs", "Inputs per model call when batching dynamically.",
+                                     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024), registry=self.registry)
 
 
 def validation_message(error: ValidationError) -> str:
@@ -54,13 +56,15 @@ def unprocessable(message: str, metrics: Metrics) -> JSONResponse:
 
 
 def create_app(model: nn.Module, *, threads: int = 1, registry: CollectorRegistry | None = None,
-               metrics_body: Callable[[], bytes] | None = None, grpc_port: int | None = None) -> FastAPI:
+               metrics_body: Callable[[], bytes] | None = None, grpc_port: int | None = None,
+               batch_size: int = 0, max_wait_ms: float = 2.0) -> FastAPI:
     """The service around ``model`` (pixels (N, 784) -> logits (N, 10)).
 
     ``threads`` model calls may run at once, each in a thread of its own (torch releases the GIL inside
     its operators); more requests wait. ``metrics_body`` overrides what /metrics returns (several worker
     processes aggregate their metrics there). ``grpc_port`` also serves the same model over gRPC
-    (digits.proto) while the app runs, counted in the same metrics.
+    (digits.proto) while the app runs, counted in the same metrics. ``batch_size`` > 0 batches concurrent
+    requests dynamically (up to that many inputs, waiting at most ``max_wait_ms``; see batching.py).
     """
     model.eval()
     metrics = Metrics(registry)
@@ -75,8 +79,17 @@ def create_app(model: nn.Module, *, threads: int = 1, registry: CollectorRegistr
         metrics.predictions.inc(len(digits))
         return digits
 
+    batcher = None
+    if batch_size:
+        from helpers.serving.batching import DynamicBatcher
+
+        batcher = DynamicBatcher(predict_digits, batch_size, max_wait_ms,
+                                 on_batch=lambda size, wait: metrics.batch_sizes.observe(size))
+
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI):
+        if batcher:
+            batcher.start()
         grpc_server = None
         if grpc_port:
             from helpers.serving.grpc_service import serve_grpc
@@ -85,6 +98,8 @@ def create_app(model: nn.Module, *, threads: int = 1, registry: CollectorRegistr
         yield
         if grpc_server is not None:
             grpc_server.stop(grace=1.0).wait()
+        if batcher:
+            await batcher.stop()
 
     app = FastAPI(title="MNIST digit service", version="1.0", lifespan=lifespan)
     app.state.metrics = metrics
@@ -115,8 +130,11 @@ def create_app(model: nn.Module, *, threads: int = 1, registry: CollectorRegistr
             return unprocessable(validation_message(err), metrics)
         pixels = torch.tensor(images, dtype=torch.float32)
         validated = time.perf_counter()
-        async with limiter:
-            digits = await anyio.to_thread.run_sync(predict_digits, pixels)
+        if batcher:
+            digits = await batcher.submit(pixels)
+        else:
+            async with limiter:
+                digits = await anyio.to_thread.run_sync(predict_digits, pixels)
         predicted = time.perf_counter()
         answer = json.dumps({"predictions": digits}).encode()
         done = time.perf_counter()
