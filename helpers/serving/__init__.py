@@ -5,13 +5,14 @@ Public face of ``helpers.serving``; names load on first use.
 from helpers.core.lazy import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
-    ".model": ["ModelInfo", "ServedMLP", "flat_pixels", "load_model", "mnist_holdout", "mnist_model"],
+    ".model": ["ModelInfo", "ServedMLP", "flat_pixels", "load_model", "mnist_holdout", "mnist_model", "train_mnist_model"],
     ".service": ["MAX_BATCH", "create_app", "server_timing"],
     ".server": ["start_service"],
     ".experiments": ["batching_tradeoff", "compare_servers", "http_vs_grpc"],
     ".batching": ["DynamicBatcher"],
     ".export": ["export_onnx", "export_program", "file_sizes_and_accuracy", "onnx_session", "parity", "quantize_onnx", "torchscript"],
     ".runtimes": ["runtime_latency"],
+    ".compression": ["compression_table", "distilled", "pruned", "quantize_static_onnx"],
     ".load": ["LoadReport", "RequestBreakdown", "load_test", "read_metrics", "request_breakdown"],
     ".dockerfile": ["check_dockerfile"],
     ".grpc_service": ["grpc_predict"],

@@ -66,19 +66,33 @@ def accuracy(model: nn.Module, pixels: torch.Tensor, labels: torch.Tensor) -> fl
         return (model(pixels).argmax(1) == labels).float().mean().item()
 
 
-def train_mnist_model(epochs: int = 4, batch_size: int = 64, seed: int = 0) -> tuple[ServedMLP, ModelInfo]:
-    """Train the served MLP with Adam on the training digits; report held-out accuracy."""
+def train_mnist_model(epochs: int = 4, batch_size: int = 64, seed: int = 0, hidden: int = HIDDEN,
+                      teacher: nn.Module | None = None, temperature: float = 4.0,
+                      soft_weight: float = 0.7) -> tuple[ServedMLP, ModelInfo]:
+    """Train a served MLP with Adam on the training digits; report held-out accuracy.
+
+    With a ``teacher``, this is knowledge distillation: the loss mixes the teacher's softened answers
+    (KL divergence at ``temperature``, weight ``soft_weight``) with the true labels.
+    """
     torch.manual_seed(seed)
     digits = load_digits(train=True)
     pixels, labels = flat_pixels(digits.images), digits.labels.long()
-    model = ServedMLP()
+    model = ServedMLP(hidden)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     for _ in range(epochs):
         order = torch.randperm(len(pixels))
         for start in range(0, len(order), batch_size):
             batch = order[start:start + batch_size]
             optimizer.zero_grad()
-            nn.functional.cross_entropy(model(pixels[batch]), labels[batch]).backward()
+            logits = model(pixels[batch])
+            loss = nn.functional.cross_entropy(logits, labels[batch])
+            if teacher is not None:
+                with torch.no_grad():
+                    soft_targets = nn.functional.softmax(teacher(pixels[batch]) / temperature, dim=1)
+                soft = nn.functional.kl_div(nn.functional.log_softmax(logits / temperature, dim=1), soft_targets,
+                                            reduction="batchmean") * temperature**2
+                loss = soft_weight * soft + (1 - soft_weight) * loss
+            loss.backward()
             optimizer.step()
     model.eval()
     test_pixels, test_labels = mnist_holdout()
