@@ -51,6 +51,7 @@ bench: setup
 	$(PY) -m tests.bench --out build/bench $(if $(B),--only $(B)) $(if $(QUICK),--quick)
 
 test: setup
+	$(VENV)/bin/ruff check helpers tests
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 strip: setup

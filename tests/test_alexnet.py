@@ -7,9 +7,9 @@ import torch
 from torchvision.models import alexnet as torchvision_alexnet
 
 from helpers import alexnet_explorer, profile_layer_alexnet, training_memory
-from helpers.hardware.alexnet import ASSUMED_CONTEXT_BYTES, paper_sgd
 from helpers.core.hardware_specs import GTX_580_3GB
 from helpers.core.models import alexnet_2012
+from helpers.hardware.alexnet import ASSUMED_CONTEXT_BYTES, paper_sgd
 
 matplotlib.use("Agg")
 CARD = 3 * 2**30

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from helpers.distributed.alexnet_parallel import alexnet_model_parallel, towers_on_two_devices
 from helpers.core.models import ALEXNET_INPUT, alexnet_2012
+from helpers.distributed.alexnet_parallel import alexnet_model_parallel, towers_on_two_devices
 
 
 def test_towers_on_two_processes_match_the_whole_network():

@@ -6,8 +6,8 @@ import time
 import pytest
 import torch
 
-from helpers.hardware import bench
 from helpers.core.device import peak_flops
+from helpers.hardware import bench
 
 from .bench.bench_matmul import timer_agreement
 

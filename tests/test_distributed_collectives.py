@@ -8,12 +8,20 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from helpers.core.workers import launch
 from helpers.distributed.collectives import count_traffic, parameter_server_all_reduce, ring_all_reduce
 from helpers.distributed.comm_models import (
-    SCHEMES, Link, all_reduce_time, busiest_node_bytes, bytes_sent_per_worker, comm_costs, epoch_bytes, fit_link, rounds,
+    SCHEMES,
+    Link,
+    all_reduce_time,
+    busiest_node_bytes,
+    bytes_sent_per_worker,
+    comm_costs,
+    epoch_bytes,
+    fit_link,
+    rounds,
 )
 from helpers.distributed.experiments import all_reduce_sweep, calibrate_link, collectives_demo, traffic_check
-from helpers.core.workers import launch
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 

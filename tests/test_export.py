@@ -4,8 +4,7 @@ from __future__ import annotations
 import onnx
 import pytest
 
-from helpers.serving import (export_onnx, export_program, mnist_holdout, mnist_model, onnx_session, parity, quantize_onnx,
-                             runtime_latency, torchscript)
+from helpers.serving import export_onnx, export_program, mnist_holdout, mnist_model, onnx_session, parity, quantize_onnx, runtime_latency, torchscript
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,7 @@ import nbformat
 import psutil
 import pytest
 
-from helpers.course import assignments
-from helpers.course import grading
+from helpers.course import assignments, grading
 from helpers.course.grading import Course, HideHiddenTestTracebacks, course_grade, read_status
 
 from .grading_support import make, submit, tiny_course, tiny_notebook, with_solution

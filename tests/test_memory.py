@@ -9,8 +9,8 @@ from torch import nn
 
 from helpers import bytes_per_param, fit_batch, measure_training_memory, profile_layer_mem, profile_mem, training_memory
 from helpers.core.memory import CATEGORIES, PHASES, default_loss
-from helpers.hardware.oom import largest_batch, parse_bytes
 from helpers.core.models import BasicFCModel, LeNet, alexnet_2012, count_parameters, transformer_lm
+from helpers.hardware.oom import largest_batch, parse_bytes
 
 matplotlib.use("Agg")
 

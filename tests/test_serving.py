@@ -14,9 +14,18 @@ import psutil
 import pytest
 
 from helpers.core.procs import free_port
-from helpers.serving import (check_dockerfile, grpc_predict, http_vs_grpc, load_test, mnist_holdout, mnist_model, read_metrics,
-                             request_breakdown,
-                             server_timing, start_service)
+from helpers.serving import (
+    check_dockerfile,
+    grpc_predict,
+    http_vs_grpc,
+    load_test,
+    mnist_holdout,
+    mnist_model,
+    read_metrics,
+    request_breakdown,
+    server_timing,
+    start_service,
+)
 
 
 @pytest.fixture(scope="module")

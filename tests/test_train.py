@@ -13,8 +13,8 @@ import torch  # noqa: E402
 from helpers.core.data import EncodedDigits, load_digits, make_loader, make_MNIST_loader  # noqa: E402
 from helpers.core.device import cpu_threads  # noqa: E402
 from helpers.core.models import BasicFCModel, LeNet  # noqa: E402
-from helpers.hardware.starvation import starvation_sweep  # noqa: E402
 from helpers.core.training_loop import train, train_on_devices  # noqa: E402
+from helpers.hardware.starvation import starvation_sweep  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -28,8 +28,8 @@ import nbformat
 import psutil
 from nbgrader.preprocessors import NbGraderPreprocessor
 
-from helpers.course import assignments
 from helpers.core.report import Column, Report
+from helpers.course import assignments
 
 WEIGHTS = {"hw1_distributed": 0.3, "hw2_profiling": 0.1, "hw3_deployment": 0.4, "hw4_monitoring": 0.2}
 SUBMISSION_TIMEOUT_S = 1800

@@ -16,9 +16,9 @@ from torch import nn
 
 from helpers.core.device import gpu_notice, pick_device
 from helpers.core.fake import tensor_bytes
-from helpers.core.workers import launch
 from helpers.core.models import ALEXNET_INPUT, AlexNet2012, AlexNetTower, alexnet_2012
 from helpers.core.report import Column, Report, format_bytes
+from helpers.core.workers import launch
 from helpers.distributed.tensor_parallel import communication_log, exchange, gather_from_parallel
 
 

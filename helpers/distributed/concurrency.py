@@ -22,8 +22,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from helpers.core import plots
 from helpers.core.device import cpu_threads
-from helpers.core.workers import available_cores, worker_context
 from helpers.core.report import Column, Report, format_bytes, format_seconds
+from helpers.core.workers import available_cores, worker_context
 
 # ---------------------------------------------------------------- starting a thread or a process
 
@@ -197,8 +197,9 @@ class SharedMemoryDemo(Report):
 
 def shared_memory_demo(mib: int = 64) -> SharedMemoryDemo:
     """Send a ``mib`` MiB tensor to a child that adds 1 in place: by copying its bytes, and through shared memory."""
-    import torch.multiprocessing  # noqa: F401  (registers the reductions that pass tensors as shared-memory handles)
     from multiprocessing.reduction import ForkingPickler
+
+    import torch.multiprocessing  # noqa: F401  (registers the reductions that pass tensors as shared-memory handles)
 
     context = worker_context()
     parent_end, child_end = context.Pipe()

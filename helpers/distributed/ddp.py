@@ -18,11 +18,11 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from helpers.core import plots
-from helpers.distributed.collectives import time_collective, torch_all_reduce
-from helpers.distributed.comm_models import Link, all_reduce_time
-from helpers.core.workers import available_cores, launch
 from helpers.core.models import LeNet
 from helpers.core.report import Column, Report, format_bytes, format_seconds
+from helpers.core.workers import available_cores, launch
+from helpers.distributed.collectives import time_collective, torch_all_reduce
+from helpers.distributed.comm_models import Link, all_reduce_time
 
 
 def mlp(width: int = 512, depth: int = 8) -> nn.Sequential:
@@ -148,7 +148,7 @@ def _bucket_worker(caps: Sequence[float], width: int, depth: int, batch: int, st
         per_step = len(log.events) // steps
         first = [log.events[i * per_step][0] - marks[i] for i in range(steps)]
         last = [log.events[i * per_step + per_step - 1][0] - marks[i] for i in range(steps)]
-        first_pct = 100 * statistics.median(f / l if l > 0 else 1.0 for f, l in zip(first, last))
+        first_pct = 100 * statistics.median(f / end if end > 0 else 1.0 for f, end in zip(first, last))
         compute = _median_step(compute_only, steps)
         grads = sum(p.numel() for p in ddp.parameters())
         comm = time_collective(torch_all_reduce, grads, repeats=max(3, steps // 2))

@@ -31,6 +31,7 @@ from helpers.core.data import DigitDataset, load_digits
 from helpers.core.models import LeNet
 from helpers.core.workers import plan_ranks
 
+
 def load_training_data(samples: int = 6000, download: bool = True) -> tuple[DigitDataset, str]:
     """The first ``samples`` MNIST training digits (a seeded random pick), and a sentence saying where they came from.
 

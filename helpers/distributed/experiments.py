@@ -17,10 +17,10 @@ import torch
 import torch.distributed as dist
 
 from helpers.core import plots
+from helpers.core.report import Column, Report, format_bytes, format_seconds
+from helpers.core.workers import WorkerError, WorkerTimeout, available_cores, launch  # noqa: F401  (re-exported)
 from helpers.distributed.collectives import ALL_REDUCES, count_traffic, ping_pong, time_collective
 from helpers.distributed.comm_models import Link, all_reduce_time, bytes_sent_per_worker, comm_costs, fit_link  # noqa: F401  (re-exported)
-from helpers.core.workers import WorkerError, WorkerTimeout, available_cores, launch  # noqa: F401  (re-exported)
-from helpers.core.report import Column, Report, format_bytes, format_seconds
 
 KIB, MIB = 1024, 1024 * 1024
 FLOAT_BYTES = 4

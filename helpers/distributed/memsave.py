@@ -18,7 +18,6 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from helpers.core import plots
-from helpers.core.timing import time_once
 from helpers.core.device import synchronize
 from helpers.core.fake import ExampleInput, batch_size_of, first_device, split_args, with_batch
 from helpers.core.memory import (
@@ -32,6 +31,7 @@ from helpers.core.memory import (
 )
 from helpers.core.models import transformer_lm
 from helpers.core.report import Column, Report, format_bytes, format_seconds
+from helpers.core.timing import time_once
 
 
 def demo_transformer(layers: int = 6, width: int = 128, seq_len: int = 128, vocab: int = 512, seed: int = 0) -> nn.Module:

@@ -18,9 +18,9 @@ import torch.distributed as dist
 from torch import nn
 
 from helpers.core import plots
-from helpers.distributed.collectives import count_traffic
-from helpers.core.workers import default_threads, launch
 from helpers.core.report import Column, Report, format_bytes, format_seconds
+from helpers.core.workers import default_threads, launch
+from helpers.distributed.collectives import count_traffic
 
 SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B"}  # name -> how it is written
 Op = tuple[str, int]  # ("F" or "B", micro-batch index)

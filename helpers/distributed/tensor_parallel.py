@@ -21,9 +21,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from helpers.distributed.comm_models import bytes_sent_per_worker
-from helpers.core.workers import launch
 from helpers.core.report import Column, Report, format_bytes
+from helpers.core.workers import launch
+from helpers.distributed.comm_models import bytes_sent_per_worker
 
 # ---------------------------------------------------------------- communication, noted as it happens
 

@@ -18,10 +18,10 @@ import torch.distributed as dist
 from torch import nn
 
 from helpers.core import plots
-from helpers.distributed.ddp import mlp
-from helpers.core.workers import launch
 from helpers.core.memory import optimizer_state_tensors
 from helpers.core.report import Column, Report, format_bytes
+from helpers.core.workers import launch
+from helpers.distributed.ddp import mlp
 
 STAGES = {
     0: ("plain data parallelism", "nothing"),

@@ -20,8 +20,8 @@ from helpers.core.device import gpu_available
 from helpers.core.hardware_specs import GTX_580_3GB, GPUSpec
 from helpers.core.memory import CATEGORIES, LayerMemory, TrainingMemory, profile_layer_mem, training_memory
 from helpers.core.models import ALEXNET_INPUT, AlexNet2012, AlexNet2012Split, alexnet_2012
-from helpers.hardware.oom import largest_batch
 from helpers.core.report import Column, Report, format_bytes
+from helpers.hardware.oom import largest_batch
 
 PRECISIONS = ("fp32", "amp", "fp16")
 ASSUMED_CONTEXT_BYTES = 300 * 2**20

@@ -9,18 +9,17 @@ from __future__ import annotations
 
 import contextlib
 import statistics
-import time
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
 import psutil
 import torch
-from torch.utils import benchmark as torch_benchmark
 
 from helpers.core import plots
 from helpers.core.device import DTYPES, fast_dtypes, gpu_available, gpu_notice, is_gpu, peak_flops, pick_device, synchronize
 from helpers.core.report import Column, Report, format_bytes, format_seconds
-from helpers.core.timing import Measurement, time_once, timeit
+from helpers.core.timing import time_once, timeit
+
 
 @contextlib.contextmanager
 def matmul_precision(dtype: str) -> Iterator[None]:

@@ -17,11 +17,11 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from helpers.core import plots
-from helpers.core.timing import timeit
 from helpers.core.device import is_gpu, pick_device
 from helpers.core.memory import training_memory
 from helpers.core.models import BasicFCModel
 from helpers.core.report import Column, Report, format_bytes, format_seconds
+from helpers.core.timing import timeit
 
 MNIST_TRAINING_IMAGES = 60_000
 PAGE_BYTES = 4096

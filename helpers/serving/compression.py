@@ -17,7 +17,7 @@ from torch.nn.utils import prune
 
 from helpers.core.report import Report, column, format_bytes, format_seconds
 from helpers.core.timing import timeit
-from helpers.serving.export import export_onnx, onnx_session, quantize_onnx
+from helpers.serving.export import export_onnx, onnx_session
 from helpers.serving.model import train_mnist_model
 
 

@@ -14,8 +14,8 @@ import tempfile
 import torch
 import uvicorn
 
-from helpers.core.procs import LOOPBACK, ServedProcess, free_port
 from helpers.core.paths import build_dir
+from helpers.core.procs import LOOPBACK, ServedProcess, free_port
 
 ENV_MODEL, ENV_THREADS, ENV_TORCH_THREADS = "EDL_SERVE_MODEL", "EDL_SERVE_THREADS", "EDL_SERVE_TORCH_THREADS"
 ENV_GRPC, ENV_BATCH, ENV_WAIT = "EDL_SERVE_GRPC_PORT", "EDL_SERVE_BATCH_SIZE", "EDL_SERVE_MAX_WAIT_MS"

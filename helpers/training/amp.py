@@ -11,11 +11,11 @@ import torch
 from torch import nn
 
 from helpers.core import plots
-from helpers.core.timing import timeit
 from helpers.core.device import gpu_notice, pick_device
 from helpers.core.memory import default_loss, make_optimizer, training_memory
-from helpers.training.precision import DTYPE_NAMES, amp_dtype
 from helpers.core.report import Column, Report, format_bytes, format_seconds
+from helpers.core.timing import timeit
+from helpers.training.precision import DTYPE_NAMES, amp_dtype
 
 
 @dataclass

@@ -11,9 +11,9 @@ from typing import Callable
 import torch
 
 from helpers.core import plots
-from helpers.core.timing import timeit
 from helpers.core.device import cpu_threads, pick_device, synchronize
 from helpers.core.report import Column, Report, format_seconds
+from helpers.core.timing import timeit
 
 
 @dataclass

@@ -21,9 +21,9 @@ from torch import nn
 from torch.utils.data import DataLoader, Sampler, TensorDataset
 
 from helpers.core import plots
-from helpers.core.timing import timeit
 from helpers.core.device import pick_device, synchronize
 from helpers.core.report import Column, Report, format_bytes, format_seconds
+from helpers.core.timing import timeit
 from helpers.training.sequences import PAD, SequenceData, pad_to
 
 # ---------------------------------------------------------------- images: storage formats and decoding

@@ -13,10 +13,10 @@ from torch.autograd import DeviceType
 from torch.profiler import profile
 
 from helpers.core import plots
-from helpers.core.timing import timeit
 from helpers.core.device import gpu_notice, is_gpu, pick_device, synchronize
-from helpers.training.profiling import profiler_activities  # importing helpers.training.profiling also quietens Kineto's banners
 from helpers.core.report import Column, Report, format_seconds
+from helpers.core.timing import timeit
+from helpers.training.profiling import profiler_activities  # importing helpers.training.profiling also quietens Kineto's banners
 from helpers.training.workloads import Program, make_compute_bound, make_launch_bound, make_sync_bound
 
 SYNC_OPS = {"aten::item", "aten::_local_scalar_dense", "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy"}

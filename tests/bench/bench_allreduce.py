@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from helpers.distributed.experiments import KIB, MIB, all_reduce_sweep, calibrate_link, traffic_check
 from helpers.core.report import Column, Report, format_bytes, format_seconds
+from helpers.distributed.experiments import KIB, MIB, all_reduce_sweep, calibrate_link, traffic_check
 
 from . import BenchResult, Target
 

@@ -6,11 +6,11 @@ import tempfile
 import torch
 from torch import nn
 
-from helpers.training.compiling import eager_vs_compiled
 from helpers.core.device import gpu_available
+from helpers.training.amp import amp_comparison
+from helpers.training.compiling import eager_vs_compiled
 from helpers.training.data_pipelines import padding_strategies, storage_formats, synthetic_images
 from helpers.training.sequences import synthetic_sequences
-from helpers.training.amp import amp_comparison
 from helpers.training.workloads import tiny_mlp
 
 from . import BenchResult, Target

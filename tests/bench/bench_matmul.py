@@ -6,10 +6,10 @@ import statistics
 import torch
 from torch.utils import benchmark as torch_benchmark
 
-from helpers.core.timing import timeit
-from helpers.hardware.bench import matmul_sweep, tensor_core_shapes
 from helpers.core.device import gpu_available, peak_flops
 from helpers.core.report import Column, Report, format_seconds
+from helpers.core.timing import timeit
+from helpers.hardware.bench import matmul_sweep, tensor_core_shapes
 
 from . import BenchResult, Target
 

@@ -1,8 +1,8 @@
 """Host-to-device copy bandwidth (pageable vs pinned) and copy/compute overlap."""
 from __future__ import annotations
 
-from helpers.hardware.bench import copy_compute_overlap, transfer_sweep
 from helpers.core.device import gpu_available
+from helpers.hardware.bench import copy_compute_overlap, transfer_sweep
 
 from . import BenchResult, Target
 
