@@ -20,7 +20,7 @@ from helpers.core.fake import first_device
 from helpers.core.memory import MasterWeightAdam, training_memory
 from helpers.core.report import Column, Report, format_bytes, format_seconds
 from helpers.distributed.memsave import demo_transformer, example_batch, mean_square_loss, time_interleaved, update_function
-from helpers.hardware.bench import transfer_sweep
+from helpers.hardware import transfer_sweep
 
 # Without a GPU, the estimate puts the model on one fake CPU device and the host memory on another.
 STAND_IN_ACCELERATOR, STAND_IN_HOST = "cpu:0", "cpu:1"
