@@ -128,3 +128,28 @@ def test_bad_arguments_say_what_to_do():
         profile_ops(nn.Linear(4, 2))
     with pytest.raises(TypeError, match="example input"):
         profile_ops(LeNet(), "a picture")
+
+
+def _flop_counter_total(model: nn.Module, *inputs) -> int:
+    """FlopCounterMode on real tensors, in train mode: the path a training forward takes."""
+    model.train()
+    with FlopCounterMode(display=False) as counter:
+        model(*inputs)
+    return counter.get_total_flops()
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_attention_models_count_what_flop_counter_mode_counts(batch_first):
+    """Eval mode under no_grad takes the fused attention fast path, which has no FLOP formula: counts must not vanish."""
+    torch.manual_seed(0)
+    encoder = nn.TransformerEncoder(nn.TransformerEncoderLayer(128, 4, batch_first=batch_first), 2)
+    x = torch.randn(3, 50, 128)
+    report = profile_ops(encoder, x, convention="flops")
+    assert report.total == _flop_counter_total(encoder, x)
+    assert profile_ops(encoder, x, convention="macs").total == report.total // 2
+
+
+def test_a_whole_nn_transformer_counts_what_flop_counter_mode_counts():
+    model = nn.Transformer(64, 4, 2, 2, 128, batch_first=True)
+    src, tgt = torch.randn(2, 10, 64), torch.randn(2, 7, 64)
+    assert profile_ops(model, (src, tgt), convention="flops").total == _flop_counter_total(model, src, tgt)

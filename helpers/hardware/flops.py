@@ -196,7 +196,7 @@ class OpsProfile(Report):
             notes.append("Counted by torch.utils.flop_counter.FlopCounterMode: matrix products and convolutions only.")
             missed = sorted({r.type for r in rows if "attention" in r.type and r.flops == 0})
             if missed:
-                notes.append(f"FlopCounterMode has no formula for {', '.join(missed)}: attention's own FLOPs are missing here.")
+                notes.append(f"FlopCounterMode counted no FLOPs inside {', '.join(missed)}: a fused kernel it has no formula for; these layers' FLOPs are missing.")
         super().__init__(rows, notes)
 
     def by_type(self) -> dict[str, int]:
@@ -219,6 +219,22 @@ class OpsProfile(Report):
 UNITS = {"classic": "ops", "flops": "FLOPs", "macs": "MACs"}
 
 
+FUSED_IN_EVAL = (nn.MultiheadAttention, nn.TransformerEncoderLayer, nn.TransformerDecoderLayer, nn.TransformerEncoder)
+
+
+def _without_fused_fast_paths(model: nn.Module) -> nn.Module:
+    """Take attention's training path (matmuls FlopCounterMode can count), not its fused inference kernel.
+
+    In eval mode under no_grad, these modules call native_multi_head_attention / the fused encoder layer,
+    for which FlopCounterMode has no formula: projections and attention products would all vanish. Only
+    their own ``training`` flag is set; dropout and batch norm keep inference behaviour.
+    """
+    for module in model.modules():
+        if isinstance(module, FUSED_IN_EVAL):
+            module.training = True
+    return model
+
+
 def profile_ops(model: nn.Module, shape: tuple | ExampleInput | None = None, convention: str = "classic") -> OpsProfile:
     """Count the operations of one forward pass of ``model`` per layer, in the ``convention`` asked for.
 
@@ -230,7 +246,7 @@ def profile_ops(model: nn.Module, shape: tuple | ExampleInput | None = None, con
         raise ValueError(f"unknown convention {convention!r}; choose one of {CONVENTIONS}")
     example = as_example(model, shape)
     mode = fake_mode()
-    fake_model = fake_copy(model, mode).eval()
+    fake_model = _without_fused_fast_paths(fake_copy(model, mode).eval())
     args, kwargs = fake_inputs(example, mode, first_device(fake_model))
     flop_counter = FlopCounterMode(display=False)
     counter = _OpCounter(fake_model, flop_counter)
