@@ -97,3 +97,16 @@ def test_notice_only_when_the_device_is_not_a_gpu(capsys):
     assert capsys.readouterr().out.count("\n") == 1
     if torch.cuda.is_available():
         assert dev.gpu_notice("pinned memory", "cuda") is None
+
+
+@pytest.mark.parametrize("asked, chosen", [("CPU", "cpu"), (" cuda:1 ", "cuda:1"), ("Mps", "mps")])
+def test_device_names_are_read_case_blind(asked, chosen):
+    assert dev.normalise_device_name(asked, "DEVICE=") == chosen
+
+
+def test_a_bad_device_name_names_its_knob_and_the_choices_only(monkeypatch):
+    with pytest.raises(ValueError) as err:
+        dev.normalise_device_name("gpu", "DEVICE= (make lectures)")
+    message = str(err.value)
+    assert message.startswith("DEVICE= (make lectures): 'gpu'") and "cuda:N" in message
+    assert "xla" not in message and "privateuseone" not in message  # not torch's list of 20 device types

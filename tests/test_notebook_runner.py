@@ -54,3 +54,31 @@ def test_cli_exits_non_zero_when_a_notebook_fails(tmp_path, capsys):
 
 def test_parameters_parse_as_python_literals():
     assert parse_parameters(["quick=True", "n=3", "device=cpu"]) == {"quick": True, "n": 3, "device": "cpu"}
+
+
+def test_a_mistyped_device_is_refused_up_front_and_the_last_good_build_stays(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("EDL_DEVICE", raising=False)
+    (tmp_path / "nbs").mkdir()
+    write_notebook(tmp_path / "nbs" / "ok.ipynb", "print(device)", parameters="device = None")
+    out = tmp_path / "out"
+    assert main(["run", str(tmp_path / "nbs"), "--out", str(out), "-p", "device=CPU"]) == 0  # CPU is read as cpu
+    good = sorted(p.name for p in out.iterdir())
+    assert main(["run", str(tmp_path / "nbs"), "--out", str(out), "-p", "device=gpu"]) == 2
+    err = capsys.readouterr().err
+    assert "nothing was run" in err and "DEVICE=" in err and err.count("'gpu'") == 1
+    monkeypatch.setenv("EDL_DEVICE", "tpu")
+    assert main(["run", str(tmp_path / "nbs"), "--out", str(out)]) == 2
+    assert "EDL_DEVICE" in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == good
+
+
+def test_a_failing_run_keeps_the_last_good_build_and_says_where_the_new_one_is(tmp_path, capsys):
+    (tmp_path / "nbs").mkdir()
+    notebook = write_notebook(tmp_path / "nbs" / "flip.ipynb", "1 + 1")
+    out = tmp_path / "out"
+    assert main(["run", str(tmp_path / "nbs"), "--out", str(out)]) == 0
+    before = (out / "flip.ipynb").read_text()
+    write_notebook(notebook, "raise RuntimeError('planted')")
+    assert main(["run", str(tmp_path / "nbs"), "--out", str(out)]) == 1
+    assert (out / "flip.ipynb").read_text() == before
+    assert "untouched" in capsys.readouterr().err and (tmp_path / "out.failed" / "flip.ipynb").exists()

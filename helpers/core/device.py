@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Iterator
@@ -28,6 +29,17 @@ def gpu_available() -> bool:
     return torch.cuda.is_available()
 
 
+DEVICE_NAME = re.compile(r"^(cpu|cuda(:\d+)?|mps)$")
+
+
+def normalise_device_name(value: str, source: str) -> str:
+    """'CPU ' -> 'cpu'; anything but cpu, cuda, cuda:N or mps is an error that names the knob to fix (``source``)."""
+    name = str(value).strip().lower()
+    if not DEVICE_NAME.match(name):
+        raise ValueError(f"{source}: {value!r} is not a device. Use cpu, cuda, cuda:N (N = 0, 1, ...) or mps.")
+    return name
+
+
 def pick_device(device: str | torch.device | None = None) -> torch.device:
     """The device to run on: the argument, else $EDL_DEVICE, else CUDA when present, else CPU.
 
@@ -39,13 +51,9 @@ def pick_device(device: str | torch.device | None = None) -> torch.device:
         device, source = os.environ.get(ENV_VAR) or None, ENV_VAR
     if device is None:
         return torch.device("cuda" if gpu_available() else "cpu")
-    try:
-        chosen = torch.device(device)
-    except (RuntimeError, TypeError) as err:
-        raise ValueError(
-            f"{source} asks for device {device!r}, which torch does not understand ({err}). "
-            f"Use 'cpu', 'cuda', 'cuda:N' or 'mps', or unset {ENV_VAR} to choose automatically."
-        ) from None
+    if not isinstance(device, torch.device):
+        device = normalise_device_name(device, "the device argument" if source == "argument" else f"${ENV_VAR}")
+    chosen = torch.device(device)
     if chosen.type == "cuda" and not gpu_available():
         print(f"No CUDA device here ({source} asked for {device!r}): running on the CPU instead.")
         return torch.device("cpu")

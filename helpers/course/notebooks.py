@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import ast
+import os
 import re
+import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -196,16 +198,44 @@ def main(argv: Sequence[str] | None = None) -> int:
         changed = [p for p in find_notebooks(*args.roots) if strip_outputs(p)]
         print("\n".join(f"stripped {p}" for p in changed) or "all notebooks already clean")
         return 0
-    report = run_all(args.roots, args.out, parse_parameters(args.parameter))
-    if not report.rows:
+    parameters = parse_parameters(args.parameter)
+    try:
+        check_device_knobs(parameters)
+    except ValueError as err:
+        print(f"nothing was run: {err}", file=sys.stderr)
+        return 2
+    if not any(find_notebooks(root) for root in args.roots):
         print(f"no notebooks found under {', '.join(args.roots)}", file=sys.stderr)
         return 1
+    out = Path(args.out)
+    staging = out.with_name(out.name + ".running")
+    shutil.rmtree(staging, ignore_errors=True)
+    report = run_all(args.roots, staging, parameters)
     print()
     print(report)
-    print(f"\nexecuted notebooks and HTML: {Path(args.out).resolve()}")
-    for failure in report.failed:
-        print(f"\nFAILED {failure.notebook}: {failure.error}", file=sys.stderr)
-    return 1 if report.failed else 0
+    if report.failed:
+        failed = out.with_name(out.name + ".failed")
+        shutil.rmtree(failed, ignore_errors=True)
+        staging.rename(failed)
+        for failure in report.failed:
+            print(f"\nFAILED {failure.notebook}: {failure.error}", file=sys.stderr)
+        kept = f"the last good build in {out.resolve()} is untouched; " if out.exists() else ""
+        print(f"\n{kept}this run's notebooks and HTML: {failed.resolve()}", file=sys.stderr)
+        return 1
+    shutil.rmtree(out, ignore_errors=True)
+    staging.rename(out)
+    print(f"\nexecuted notebooks and HTML: {out.resolve()}")
+    return 0
+
+
+def check_device_knobs(parameters: dict[str, Any]) -> None:
+    """Validate the device asked for, once and before any notebook runs, naming the knob that holds it."""
+    from helpers.core.device import ENV_VAR, normalise_device_name
+
+    if parameters.get("device") is not None:
+        parameters["device"] = normalise_device_name(parameters["device"], "DEVICE= (make lectures) or -p device=")
+    if os.environ.get(ENV_VAR):
+        normalise_device_name(os.environ[ENV_VAR], f"the environment variable {ENV_VAR}")
 
 
 if __name__ == "__main__":
