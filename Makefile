@@ -81,7 +81,8 @@ grades: setup
 	$(GRADING) grades
 
 import: setup
-	$(GRADING) import $(ZIP) $(if $(A),-a $(A))
+	@test -n "$(ZIP)" -a -n "$(A)" || { echo "usage: make import A=<assignment id> ZIP=<the LMS download, a .zip>" >&2; exit 2; }
+	$(GRADING) import $(ZIP) -a $(A)
 
 # Data-parallel training of LeNet under torchrun on this machine (NPROC processes; DDP_ARGS=... passes options).
 NPROC ?= 2

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import re
+import subprocess
 import zipfile
 
 import nbformat
@@ -17,7 +18,7 @@ import pytest
 from helpers.course import assignments, grading
 from helpers.course.grading import Course, HideHiddenTestTracebacks, course_grade, read_status
 
-from .grading_support import make, submit, tiny_course, tiny_notebook, with_solution
+from .grading_support import ROOT, make, submit, tiny_course, tiny_notebook, with_solution
 
 PART = "part1_sums.ipynb"
 
@@ -164,7 +165,7 @@ def test_bad_input_gets_an_error_that_says_what_to_do(tmp_path, capsys):
     assert "no nbgrader_config.py" in error_of("--course", str(tmp_path / "nowhere"), "grades")
     course = str(tiny_course(tmp_path / "course", {"hw2_profiling": {PART: {1: 1.0}}}))
     unknown = error_of("--course", course, "release", "-a", "hw7")
-    assert "no assignment ['hw7']" in unknown and "hw2_profiling" in unknown
+    assert "no assignment hw7 " in unknown and "hw2_profiling" in unknown
     assert "make release" in error_of("--course", course, "grades")
     assert "no submissions" in error_of("--course", course, "autograde")
     (tmp_path / "course" / "roster.csv").write_text("name,email\nann,ann@example.org\n")
@@ -197,3 +198,16 @@ def test_convention_problems_are_named(tmp_path):
     nbformat.write(tiny_notebook({1: 1.0, 2: 2.0}), tmp_path / "homework.ipynb")
     (tmp_path / "homework.ipynb").rename(tmp_path / "part2_only.ipynb")
     assert assignments.convention_problems(tmp_path) == [f"{tmp_path.name}: parts are numbered [2], expected 1..1"]
+
+
+def test_an_unknown_assignment_is_named_as_such_by_every_command(tmp_path):
+    course = grading.Course(tiny_course(tmp_path / "course", {"hw_real": {PART: {1: 1.0}}}))
+    for command in (grading.release, grading.autograde, grading.feedback):
+        with pytest.raises(grading.GradingError, match="no assignment hw9 .*there are: hw_real"):
+            command(course, ["hw9"])
+
+
+def test_make_import_without_arguments_shows_makes_own_usage():
+    done = subprocess.run(["make", "-s", "import"], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode != 0 and "usage: make import A=<assignment id> ZIP=" in done.stderr
+    assert "--assignment" not in done.stderr  # not argparse's flags

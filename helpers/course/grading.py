@@ -201,14 +201,21 @@ def last_error_line(log: str) -> str:
 # ---------------------------------------------------------------- release
 
 
-def release(course: Course, assignment_ids: Sequence[str] = ()) -> list[str]:
-    """Generate the student version of each assignment into release/; returns the ids released."""
+def known_assignments(course: Course, assignment_ids: Sequence[str] = ()) -> list[str]:
+    """The course's assignment ids; an id asked for that is not among them is an error that lists the real ones."""
     known = course.assignment_ids()
     if not known:
         raise GradingError(f"no assignment folders under {course.source}: add one (see assignments/README.md)")
     unknown = [a for a in assignment_ids if a not in known]
     if unknown:
-        raise GradingError(f"no assignment {unknown} under {course.source} (there are: {', '.join(known) or 'none'})")
+        raise GradingError(f"no assignment {', '.join(unknown)} under {course.source} (there are: {', '.join(known)}); "
+                           f"use one of them with A=")
+    return known
+
+
+def release(course: Course, assignment_ids: Sequence[str] = ()) -> list[str]:
+    """Generate the student version of each assignment into release/; returns the ids released."""
+    known = known_assignments(course, assignment_ids)
     sync_roster(course)
     released, failed = [], []
     for assignment_id in assignment_ids or known:
@@ -351,6 +358,7 @@ def autograde_one(course: Course, student_id: str, assignment_id: str, released:
 
 def autograde(course: Course, assignment_ids: Sequence[str] = (), student_ids: Sequence[str] = (), timeout: float = SUBMISSION_TIMEOUT_S, cell_timeout: int | None = None) -> AutogradeReport:
     """Autograde every submission in submitted/<student>/<assignment>/ (optionally only some), one at a time."""
+    known_assignments(course, assignment_ids)
     pending = course.submissions(assignment_ids, student_ids)
     if not pending:
         wanted = f" for {', '.join(list(assignment_ids) + list(student_ids))}" if assignment_ids or student_ids else ""
@@ -393,6 +401,7 @@ def write_status(course: Course, outcomes: Iterable[Outcome]) -> None:
 
 def feedback(course: Course, assignment_ids: Sequence[str] = (), student_ids: Sequence[str] = ()) -> list[Path]:
     """HTML feedback for every autograded submission, hidden tests left out; returns the folders written."""
+    known_assignments(course, assignment_ids)
     pending = course.submissions(assignment_ids, student_ids, under=course.autograded)
     if not pending:
         raise GradingError(f"nothing autograded yet under {course.autograded} (run `make autograde` first)")
