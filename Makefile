@@ -14,6 +14,7 @@
 #   make import          collect an LMS download into submitted/ (A=<id> ZIP=<file.zip>)
 #   make ddp-demo        data-parallel LeNet under torchrun on this machine (NPROC=2)
 #   make serve           serve the course's MNIST model on 127.0.0.1 until Ctrl-C (PORT=8000, WORKERS=1)
+#   make mlflow-ui       MLflow's UI on the kit's tracking store (build/mlflow) on 127.0.0.1 (MLFLOW_PORT=5000)
 #
 # Knobs: DEVICE=cpu|cuda (lectures), B=<name> and QUICK=1 (bench), PYTEST_ARGS=... (test),
 #        COURSE=<folder> (grading targets; default assignments).
@@ -96,3 +97,9 @@ WORKERS ?= 1
 .PHONY: serve
 serve: setup
 	$(PY) -m helpers.serving.server --port $(PORT) --workers $(WORKERS)
+
+# MLflow's UI over the store lecture 9 writes (build/mlflow/mlflow.db), on 127.0.0.1 until Ctrl-C.
+MLFLOW_PORT ?= 5000
+.PHONY: mlflow-ui
+mlflow-ui: setup
+	$(PY) -m helpers.mlops.tracking --port $(MLFLOW_PORT)

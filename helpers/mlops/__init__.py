@@ -1,9 +1,11 @@
-"""Lectures 9-10 and Assignment 4: experiment tracking, testing, and monitoring a deployed model.
+"""Lectures 9-10 and Assignment 4: experiment tracking, data and pipeline versioning, drift monitoring.
 
-Public face of ``helpers.mlops``; names load on first use.
+Public face of ``helpers.mlops``; names load on first use (MLflow and DVC only then).
 """
 from helpers.core.lazy import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     ".drift": ["DriftReport", "detect_drift"],
+    ".tracking": ["promote_best", "start_mlflow_ui", "tracked_sweep", "tracking_store"],
+    ".versioning": ["DvcProject", "reproduce_step_by_step"],
 })

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 from torch import nn
@@ -67,20 +68,23 @@ def accuracy(model: nn.Module, pixels: torch.Tensor, labels: torch.Tensor) -> fl
 
 
 def train_mnist_model(epochs: int = 4, batch_size: int = 64, seed: int = 0, hidden: int = HIDDEN,
-                      teacher: nn.Module | None = None, temperature: float = 4.0,
-                      soft_weight: float = 0.7) -> tuple[ServedMLP, ModelInfo]:
+                      teacher: nn.Module | None = None, temperature: float = 4.0, soft_weight: float = 0.7,
+                      lr: float = 1e-3, on_epoch: Callable[[int, nn.Module, float], None] | None = None,
+                      ) -> tuple[ServedMLP, ModelInfo]:
     """Train a served MLP with Adam on the training digits; report held-out accuracy.
 
     With a ``teacher``, this is knowledge distillation: the loss mixes the teacher's softened answers
-    (KL divergence at ``temperature``, weight ``soft_weight``) with the true labels.
+    (KL divergence at ``temperature``, weight ``soft_weight``) with the true labels. ``on_epoch(epoch,
+    model, mean training loss)`` is called after each epoch (experiment tracking logs there).
     """
     torch.manual_seed(seed)
     digits = load_digits(train=True)
     pixels, labels = flat_pixels(digits.images), digits.labels.long()
     model = ServedMLP(hidden)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    for _ in range(epochs):
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    for epoch in range(1, epochs + 1):
         order = torch.randperm(len(pixels))
+        losses = []
         for start in range(0, len(order), batch_size):
             batch = order[start:start + batch_size]
             optimizer.zero_grad()
@@ -94,6 +98,11 @@ def train_mnist_model(epochs: int = 4, batch_size: int = 64, seed: int = 0, hidd
                 loss = soft_weight * soft + (1 - soft_weight) * loss
             loss.backward()
             optimizer.step()
+            losses.append(loss.item())
+        if on_epoch is not None:
+            model.eval()
+            on_epoch(epoch, model, sum(losses) / len(losses))
+            model.train()
     model.eval()
     test_pixels, test_labels = mnist_holdout()
     info = ModelInfo(digits.source, len(pixels), len(test_pixels), epochs, accuracy(model, test_pixels, test_labels),
