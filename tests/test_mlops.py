@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import mlflow
+import mlflow.pytorch
 import pytest
+import torch
 
 from helpers.mlops import promote_best, reproduce_step_by_step, tracked_sweep
+from helpers.serving import mnist_holdout
 
 
 @pytest.fixture(scope="module")
@@ -22,11 +25,6 @@ def test_every_run_is_stored_with_params_per_epoch_metrics_and_a_model(sweep):
         history = client.get_metric_history(row.run_uuid, "holdout_accuracy")
         assert sorted(m.step for m in history) == [1, 2]
         assert max(history, key=lambda m: m.step).value == pytest.approx(row.accuracy)
-    import mlflow.pytorch
-    import torch
-
-    from helpers.serving import mnist_holdout
-
     pixels, labels = mnist_holdout(300)
     model = mlflow.pytorch.load_model(sweep.rows[-1].model_uri)  # the logged artifact, not the object in memory
     with torch.no_grad():

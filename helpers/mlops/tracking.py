@@ -32,6 +32,7 @@ def _mlflow(uri: str):
     """MLflow pointed at ``uri``, quiet (its INFO lines and telemetry are not the lecture)."""
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     import mlflow
+    import mlflow.pytorch  # noqa: F401 - the flavour used below, loaded with the client
 
     logging.getLogger("mlflow").setLevel(logging.WARNING)
     logging.getLogger("alembic").setLevel(logging.WARNING)
@@ -74,8 +75,6 @@ def tracked_sweep(hidden_sizes: Sequence[int] = (16, 64), lrs: Sequence[float] =
     """Train one served-model MLP per (hidden, lr), each an MLflow run with params, per-epoch metrics and the model."""
     uri, artifacts = tracking_store(folder)
     mlflow = _mlflow(uri)
-    import mlflow.pytorch
-
     eid = experiment_id(mlflow, experiment, artifacts)
     pixels, labels = mnist_holdout()
     rows = []
@@ -116,7 +115,6 @@ class PromotionReport(Report):
 def promote_best(sweep: SweepReport, name: str = "mnist-digits", alias: str = "champion") -> PromotionReport:
     """Register the sweep's best model as a new version of ``name``, move ``alias`` to it, reload it by alias."""
     mlflow = _mlflow(sweep.uri)
-    import mlflow.pytorch
     from mlflow import MlflowClient
 
     best = sweep.best()
