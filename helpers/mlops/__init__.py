@@ -8,4 +8,5 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     ".drift": ["DriftReport", "detect_drift"],
     ".tracking": ["promote_best", "start_mlflow_ui", "tracked_sweep", "tracking_store"],
     ".versioning": ["DvcProject", "reproduce_step_by_step"],
+    ".monitoring": ["FEATURE_NAMES", "alarm_rates", "behavioural_tests", "pixel_features", "random_split"],
 })
