@@ -35,7 +35,8 @@ class BehaviourReport(Report):
 
 
 def behavioural_tests(model: torch.nn.Module, pixels: torch.Tensor, labels: torch.Tensor, seed: int = 0) -> BehaviourReport:
-    """Invariance to faint noise and a one-pixel shift, a directional test (blanking the image), minimum functionality."""
+    """Invariance to faint noise and a one-pixel shift, a directional test (blanking the image), and minimum
+    functionality (plain held-out digits, at a bar set before looking: 85%)."""
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         base = model(pixels).argmax(1)
@@ -44,12 +45,11 @@ def behavioural_tests(model: torch.nn.Module, pixels: torch.Tensor, labels: torc
         confidence = torch.softmax(model(pixels), 1).max(1).values
         blanked_confidence = torch.softmax(model(pixels * 0.0), 1).max(1).values
         correct = base == labels
-        clear = correct | (confidence < 0.9)  # the confidently answered images: these it must get right
     rows = [
         Behaviour("faint noise (sd 0.02) keeps the digit", "invariance", (model(noisy).argmax(1) == base).float().mean().item(), 0.98, False),
         Behaviour("a one-pixel shift keeps the digit", "invariance", (model(shifted).argmax(1) == base).float().mean().item(), 0.90, False),
         Behaviour("a blank image is less certain than the digit", "directional", (blanked_confidence < confidence).float().mean().item(), 0.90, False),
-        Behaviour("confidently answered digits are right", "minimum functionality", clear.float().mean().item(), 0.97, False),
+        Behaviour("plain held-out digits are named correctly", "minimum functionality", correct.float().mean().item(), 0.85, False),
     ]
     for r in rows:
         r.passed = r.passed_share >= r.required
