@@ -10,7 +10,7 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     ".timing": ["Measurement", "time_once", "timeit"],
     ".workers": ["WorkerError", "WorkerTimeout", "available_cores", "launch"],
     ".models": ["BasicFCModel", "LeNet", "alexnet_2012", "count_parameters", "transformer_lm"],
-    ".data": ["make_MNIST_loader", "make_encoded_MNIST"],
+    ".data": ["load_digits", "make_MNIST_loader", "make_encoded_MNIST"],
     ".training_loop": ["train", "train_on_devices"],
     ".memory": ["bytes_per_param", "measure_training_memory", "profile_layer_mem", "profile_mem", "training_memory"],
     ".paths": ["build_dir"],

@@ -40,6 +40,7 @@ from helpers.core.fake import (
     split_args,
     tensor_bytes,
 )
+from helpers.core.gpu_workspaces import BlasWorkspaces, blas_workspaces, live_workspaces
 from helpers.core.report import Column, Report, format_bytes
 
 if TYPE_CHECKING:
@@ -288,7 +289,8 @@ class TrainingMemory(Report):
         self.peak_phase = self.peak_phase_by_device[self.device]
         self.title = f"Training-step memory of {self.model_name}: batch {self.batch_size}, {self.optimizer}, {self.amp} ({self.source})"
         devices = list(self.peak_by_device)
-        rows = [{"category": c, **{d: self.categories_by_device[d][c] for d in devices}} for c in CATEGORIES]
+        extra = [c for d in devices for c in self.categories_by_device[d] if c not in CATEGORIES]
+        rows = [{"category": c, **{d: self.categories_by_device[d].get(c, 0) for d in devices}} for c in [*CATEGORIES, *dict.fromkeys(extra)]]
         rows.append({"category": "peak", **self.peak_by_device})
         self.columns = (Column("category", "category"), *(Column(d, f"at the peak on {d}", format_bytes) for d in devices))
         notes = [
@@ -350,6 +352,15 @@ def _report(step: _Step, tracker: MemTracker, grads: dict[str, int], state_at_st
         categories_by_device[name] = _categorize(snap, state_at_start.get(name, 0))
     for name, peak in peak_by_device.items():
         phase_by_device[name] = next((phase for phase, snap in timeline if name in snap and sum(snap[name].values()) == peak), "forward")
+    notes = list(extra.pop("extra_notes", []))
+    for name in peak_by_device:
+        if name.startswith("cuda"):
+            workspaces = _blas_workspaces(name)
+            categories_by_device[name][workspaces.label()] = workspaces.total
+            peak_by_device[name] += workspaces.total
+            notes.append(f"{workspaces.label()} on {name}: {format_bytes(workspaces.total)}, held by the caching allocator "
+                         f"beside the tensors ({workspaces.source}). cuDNN picks a workspace per convolution call "
+                         "(bounded by torch.backends.cudnn's limit); it is not included.")
     params = list(step.model.parameters())
     return TrainingMemory(
         model_name=model_name,
@@ -366,8 +377,16 @@ def _report(step: _Step, tracker: MemTracker, grads: dict[str, int], state_at_st
         peak_phase_by_device=phase_by_device,
         timeline=timeline,
         modules=ModuleMemory(_module_rows(tracker)),
+        extra_notes=notes,
         **extra,
     )
+
+
+def _blas_workspaces(device_name: str) -> BlasWorkspaces:
+    """The cuBLAS workspaces a training step holds on ``device_name``: live on a real GPU, else derived (Hopper defaults)."""
+    if torch.cuda.is_available():
+        return live_workspaces(torch.device(device_name))
+    return blas_workspaces((9, 0), training=True)
 
 
 def _amp_label(amp_dtype: torch.dtype | None, dtype: torch.dtype | None = None) -> str:

@@ -19,8 +19,8 @@ def params(stage: str) -> dict:
 
 def prepare() -> None:
     """A fixed-seed subset of the training digits -> data/digits.pt."""
-    from helpers.core.data import load_digits
-    from helpers.serving.model import flat_pixels
+    from helpers.core import load_digits
+    from helpers.serving import flat_pixels
 
     digits = load_digits(train=True).sample(params("prepare")["subset"], seed=0)
     Path("data").mkdir(exist_ok=True)
@@ -29,7 +29,7 @@ def prepare() -> None:
 
 def train() -> None:
     """An MLP on data/digits.pt -> model.pt and metrics.json (held-out accuracy)."""
-    from helpers.serving.model import ServedMLP, mnist_holdout
+    from helpers.serving import ServedMLP, mnist_holdout
 
     settings = params("train")
     data = torch.load("data/digits.pt")

@@ -136,3 +136,33 @@ def batching_tradeoff(payloads: Sequence[dict], settings: Sequence[tuple[int, fl
         rows.append(BatchingSetting(name, level.throughput, level.p50, level.p99, mean, level.errors))
     return BatchingTradeoff(rows, [f"Each server: {max_requests} single-image requests at concurrency {concurrency} "
                                    f"(at most {max_seconds:g} s)."])
+
+
+@dataclass
+class EngineRow:
+    server: str = column("server")
+    throughput: float = column("requests/s", ".1f")
+    p50: float = column("p50", format_seconds)
+    p99: float = column("p99", format_seconds)
+    errors: int = column("errors")
+
+
+class EngineComparison(Report):
+    """The kit's batching server against Ray Serve's @serve.batch, same model, settings and load."""
+
+    title = "The kit's batcher against Ray Serve"
+
+
+def kit_vs_ray_serve(payloads: Sequence[dict], batch_size: int = 32, max_wait_ms: float = 2.0, concurrency: int = 16,
+                     max_requests: int = 400, max_seconds: float = 20.0) -> EngineComparison:
+    """The same bounded load on the kit's batching service and on Ray Serve (a local Ray instance)."""
+    from helpers.serving.ray_service import start_ray_service
+
+    rows = []
+    for name, start in (("kit: FastAPI + DynamicBatcher", lambda: start_service(batch_size=batch_size, max_wait_ms=max_wait_ms)),
+                        ("Ray Serve: @serve.batch", lambda: start_ray_service(batch_size, max_wait_ms))):
+        with start() as service:
+            level = load_test(service.url + "/predict", payloads, concurrency, max_requests, max_seconds).rows[0]
+        rows.append(EngineRow(name, level.throughput, level.p50, level.p99, level.errors))
+    return EngineComparison(rows, [f"batch <= {batch_size}, wait <= {max_wait_ms:g} ms, {max_requests} single-image requests at "
+                                   f"concurrency {concurrency}; Ray runs locally with 2 CPUs."])

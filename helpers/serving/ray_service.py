@@ -1,0 +1,92 @@
+"""The same model behind Ray Serve with ``@serve.batch``: ``python -m helpers.serving.ray_service --port P``.
+
+Ray Serve is what a team reaches for when one process is not enough: replicas across processes and
+machines, and the same dynamic batching as ``helpers/serving/batching.py``. Here it runs on this machine
+only (a local Ray instance on 127.0.0.1), as a child process that the kit stops with its whole tree, so
+that the kit's batcher can be measured against it under the same load.
+"""
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+
+import torch
+
+from helpers.core.procs import LOOPBACK
+
+
+def build_app(model_path: str, max_batch_size: int, max_wait_ms: float):
+    """A Serve application answering POST /predict ({"inputs": [[784 floats]]}) with batched model calls."""
+    from ray import serve
+    from starlette.responses import JSONResponse
+
+    @serve.deployment(max_ongoing_requests=256)
+    class DigitClassifier:
+        def __init__(self):
+            from helpers.serving.model import load_model
+
+            torch.set_num_threads(1)
+            self.model = load_model(model_path)
+
+        @serve.batch(max_batch_size=max_batch_size, batch_wait_timeout_s=max_wait_ms / 1000)
+        async def predict(self, requests: list[torch.Tensor]) -> list[list[int]]:
+            with torch.inference_mode():
+                digits = self.model(torch.cat(requests)).argmax(1).tolist()
+            answers, start = [], 0
+            for pixels in requests:
+                answers.append(digits[start:start + len(pixels)])
+                start += len(pixels)
+            return answers
+
+        async def __call__(self, request):
+            body = await request.json()
+            digits = await self.predict(torch.tensor(body["inputs"], dtype=torch.float32))
+            return JSONResponse({"predictions": digits})
+
+    return DigitClassifier.bind()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m helpers.serving.ray_service", description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--max-wait-ms", type=float, default=2.0)
+    args = parser.parse_args()
+
+    import ray
+    from ray import serve
+
+    from helpers.serving.model import mnist_model
+
+    _, info = mnist_model()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    serve.start(http_options={"host": LOOPBACK, "port": args.port})
+    serve.run(build_app(info.path, args.batch_size, args.max_wait_ms), route_prefix="/predict")
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    print(f"Ray Serve on http://{LOOPBACK}:{args.port}/predict", flush=True)
+    stop.wait()
+    serve.shutdown()
+    ray.shutdown()
+
+
+def start_ray_service(batch_size: int = 32, max_wait_ms: float = 2.0, startup_timeout: float = 180.0):
+    """Ray Serve with the model as a child process on a free port (a ServedProcess; ``.url`` + "/predict")."""
+    import sys
+
+    from helpers.core.paths import build_dir
+    from helpers.core.procs import ServedProcess, free_port
+    from helpers.serving.model import mnist_model
+
+    mnist_model()
+    port = free_port()
+    command = [sys.executable, "-m", "helpers.serving.ray_service", "--port", str(port), "--batch-size", str(batch_size),
+               "--max-wait-ms", str(max_wait_ms)]
+    return ServedProcess(command, port, health_path="/-/healthz", log_path=build_dir("serving") / f"ray-{port}.log",
+                         env={"RAY_USAGE_STATS_ENABLED": "0", "RAY_DEDUP_LOGS": "0"}, startup_timeout=startup_timeout)
+
+
+if __name__ == "__main__":
+    main()
