@@ -12,6 +12,7 @@ import grpc
 import httpx
 import psutil
 import pytest
+import torch
 
 from helpers.core.procs import free_port
 from helpers.serving import (
@@ -211,3 +212,17 @@ def test_the_protocol_comparison_reports_both_and_agrees(both_protocols, holdout
     report = http_vs_grpc(both_protocols, holdout[0], requests=10)
     assert [r.protocol for r in report.rows] == ["HTTP + JSON", "gRPC + protobuf"]
     assert report.rows[1].same_answers and report.rows[1].request_bytes < report.rows[0].request_bytes
+
+
+def test_ray_serve_answers_like_the_kit_and_leaves_no_process_behind(holdout):
+    """The engine the lecture compares against: same model behind @serve.batch, same answers, stopped with its tree."""
+    from helpers.serving import start_ray_service
+
+    pixels = holdout[0][:8]
+    with start_ray_service(batch_size=8, max_wait_ms=2) as ray_serve:
+        answer = httpx.post(ray_serve.url + "/predict", json={"inputs": pixels.tolist()}, timeout=60).json()["predictions"]
+        family = [ray_serve.pid] + [c.pid for c in psutil.Process(ray_serve.pid).children(recursive=True)]
+    with torch.no_grad():
+        assert answer == mnist_model()[0](pixels).argmax(1).tolist()
+    time.sleep(1)
+    assert not [p for p in family if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]

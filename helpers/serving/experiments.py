@@ -162,7 +162,8 @@ def kit_vs_ray_serve(payloads: Sequence[dict], batch_size: int = 32, max_wait_ms
     for name, start in (("kit: FastAPI + DynamicBatcher", lambda: start_service(batch_size=batch_size, max_wait_ms=max_wait_ms)),
                         ("Ray Serve: @serve.batch", lambda: start_ray_service(batch_size, max_wait_ms))):
         with start() as service:
+            load_test(service.url + "/predict", payloads, concurrency, min(32, max_requests), max_seconds)  # warm-up
             level = load_test(service.url + "/predict", payloads, concurrency, max_requests, max_seconds).rows[0]
         rows.append(EngineRow(name, level.throughput, level.p50, level.p99, level.errors))
     return EngineComparison(rows, [f"batch <= {batch_size}, wait <= {max_wait_ms:g} ms, {max_requests} single-image requests at "
-                                   f"concurrency {concurrency}; Ray runs locally with 2 CPUs."])
+                                   f"concurrency {concurrency}, after 32 warm-up requests; Ray runs locally with 2 CPUs."])
