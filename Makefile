@@ -8,7 +8,7 @@
 #   make strip           remove outputs from stored notebooks before committing
 #   make clean           remove build artefacts (make distclean also removes .venv)
 #   make release         student versions of the assignments into assignments/release/ (A=<id>)
-#   make autograde       grade assignments/submitted/<student>/<assignment>/ (A=, S=, TIMEOUT=)
+#   make autograde       grade submitted/<student>/<assignment>/ in sandboxes (A=, S=, TIMEOUT=, JOBS=, REGRADE=1)
 #   make feedback        HTML feedback per student, hidden tests left out (A=, S=)
 #   make grades          assignments/grades.csv, course_grades.csv and a class summary
 #   make import          collect an LMS download into submitted/ (A=<id> ZIP=<file.zip>)
@@ -27,7 +27,7 @@ STAMP := $(VENV)/.installed
 # Tools installed in the venv (jupyter, nbgrader, alembic, torchrun) must be found by subprocesses.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: help setup lab lectures bench test strip clean distclean
+.PHONY: help setup sandbox-tool lab lectures bench test strip clean distclean
 .PHONY: release autograde feedback grades import
 
 help:
@@ -42,16 +42,23 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 	@echo "kit installed in $(VENV)"
 
+# The grading sandbox (bubblewrap): installed from Debian's packages where this user may, else a note.
+sandbox-tool:
+	@command -v bwrap >/dev/null || { if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing bubblewrap (the grading sandbox) with apt-get"; \
+	  apt-get install -y -q bubblewrap >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q bubblewrap >/dev/null 2>&1; } || echo "could not install bubblewrap"; \
+	else echo "note: bubblewrap (bwrap) is not installed: autograding runs submissions WITHOUT a sandbox (Debian/Ubuntu: sudo apt install bubblewrap)"; fi; }
+
 lab: setup
 	$(VENV)/bin/jupyter lab --notebook-dir=$(CURDIR) $(if $(filter 0,$(shell id -u)),--allow-root)
 
 lectures: setup
 	$(PY) -m helpers.course.notebooks run lectures --out build/lectures $(if $(DEVICE),-p device=$(DEVICE))
 
-bench: setup
+bench: setup sandbox-tool
 	$(PY) -m tests.bench --out build/bench $(if $(B),--only $(B)) $(if $(QUICK),--quick)
 
-test: setup
+test: setup sandbox-tool
 	$(VENV)/bin/ruff check helpers tests
 	$(PY) -m pytest $(PYTEST_ARGS)
 
@@ -72,8 +79,8 @@ GRADING := $(PY) -m helpers.course.grading --course $(COURSE)
 release: setup
 	$(GRADING) release $(if $(A),-a $(A))
 
-autograde: setup
-	$(GRADING) autograde $(if $(A),-a $(A)) $(if $(S),-s $(S)) $(if $(TIMEOUT),--timeout $(TIMEOUT))
+autograde: setup sandbox-tool
+	$(GRADING) autograde $(if $(A),-a $(A)) $(if $(S),-s $(S)) $(if $(TIMEOUT),--timeout $(TIMEOUT)) $(if $(JOBS),--jobs $(JOBS)) $(if $(REGRADE),--regrade)
 
 feedback: setup
 	$(GRADING) feedback $(if $(A),-a $(A)) $(if $(S),-s $(S))

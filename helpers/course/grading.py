@@ -1,13 +1,13 @@
-"""Grade a class with nbgrader: release, autograde every submission in isolation, feedback, grade export.
+"""Grade a class with nbgrader: release, autograde every submission in a sandbox, feedback, grade export.
 
 The Makefile's release / autograde / feedback / grades / import targets call this module:
 
-    python -m helpers.course.grading --course assignments autograde [-a hw2_profiling] [-s alice]
+    python -m helpers.course.grading --course assignments autograde [-a hw2_profiling] [-s alice] [--jobs 2]
 
-Every nbgrader command runs in a child process of its own (forked, so nbgrader is
-imported once) under a wall-clock limit, with its log kept under ``<course>/logs/``.
-A submission that is not a notebook, kills its kernel or never finishes is recorded
-as failed, with its reason, and scores 0; the other submissions are graded all the same.
+Release, feedback, export and LMS import are nbgrader commands, each run in a child process of its own
+(forked, so nbgrader is imported once) under a wall-clock limit, with its log under ``<course>/logs/``.
+Autograding is helpers.course.autograde: each notebook in a bubblewrap sandbox, several submissions at
+once, grades written by this process only. A broken submission gets its reason; the others are graded.
 """
 from __future__ import annotations
 
@@ -22,18 +22,18 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Sequence
 
-import nbformat
-import psutil
-from nbgrader.preprocessors import NbGraderPreprocessor
-
+from helpers.core.procs import stop_tree
 from helpers.core.report import Column, Report
 from helpers.course import assignments
+from helpers.course.autograde import STATUS_FILE, AutogradeReport, Outcome, read_status, write_status  # noqa: F401 - the grading API
+from helpers.course.autograde import autograde as grade_submissions
+from helpers.course.feedback_filters import HideHiddenTestTracebacks, RemoveHiddenTests  # noqa: F401 - named in nbgrader_config.py
+from helpers.course.sandbox import Limits
 
 WEIGHTS = {"hw1_distributed": 0.3, "hw2_profiling": 0.1, "hw3_deployment": 0.4, "hw4_monitoring": 0.2}
 SUBMISSION_TIMEOUT_S = 1800
-STATUS_FILE = "autograde_status.csv"
 GRADES_FILE = "grades.csv"
 COURSE_GRADES_FILE = "course_grades.csv"
 
@@ -99,6 +99,20 @@ class Course:
         coursedir = CourseDirectory(config=config, root=str(self.root))
         return Gradebook(coursedir.db_url, coursedir.course_id)
 
+    def db_url(self) -> str:
+        from nbgrader.coursedir import CourseDirectory
+        from traitlets.config.loader import PyFileConfigLoader
+
+        config = PyFileConfigLoader("nbgrader_config.py", path=str(self.root)).load_config()
+        return CourseDirectory(config=config, root=str(self.root)).db_url
+
+    def cell_timeout(self) -> float:
+        """nbgrader_config.py's per-cell timeout (c.Execute.timeout), 180 s when it sets none."""
+        from traitlets.config.loader import PyFileConfigLoader
+
+        config = PyFileConfigLoader("nbgrader_config.py", path=str(self.root)).load_config()
+        return float(config.Execute.get("timeout", 180) or 180)
+
     def released_ids(self) -> set[str]:
         """Assignments the gradebook knows (``nbgrader generate_assignment`` has run on them)."""
         if not (self.root / "gradebook.db").exists():
@@ -148,21 +162,6 @@ def _start_method() -> str:
     return "fork" if sys.platform.startswith("linux") else "spawn"
 
 
-def _kill_tree(pid: int) -> None:
-    """Kill a process and every descendant (kernels run in sessions of their own, so a process group is not enough)."""
-    try:
-        parent = psutil.Process(pid)
-        family = parent.children(recursive=True) + [parent]
-    except psutil.NoSuchProcess:
-        return
-    for process in family:
-        try:
-            process.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(family, timeout=10)
-
-
 def run_nbgrader(course: Course, argv: list[str], log_path: Path, timeout: float) -> NbgraderRun:
     """Run ``nbgrader <argv>`` in ``course`` in a child process; kill it (and its kernels) after ``timeout`` s."""
     import nbgrader.apps.nbgraderapp  # noqa: F401  (imported here once, so forked children start at once)
@@ -175,7 +174,7 @@ def run_nbgrader(course: Course, argv: list[str], log_path: Path, timeout: float
     child.join(timeout)
     timed_out = child.is_alive()
     if timed_out:
-        _kill_tree(child.pid)
+        stop_tree(child.pid, grace=0)  # nbgrader and the kernels it started (in sessions of their own)
         child.join()
     return NbgraderRun(argv, child.exitcode, time.perf_counter() - start, timed_out, log_path)
 
@@ -232,168 +231,21 @@ def release(course: Course, assignment_ids: Sequence[str] = ()) -> list[str]:
     return released
 
 
-# ---------------------------------------------------------------- autograde
+# ---------------------------------------------------------------- autograde (helpers/course/autograde.py)
 
 
-@dataclass
-class Outcome:
-    """How one submission fared: graded (with its score) or failed (with the reason)."""
-
-    student_id: str
-    assignment_id: str
-    status: str
-    score: float
-    max_score: float
-    seconds: float
-    on_roster: bool
-    reason: str
-
-    @property
-    def percent(self) -> float:
-        return 100 * self.score / self.max_score if self.max_score else 0.0
-
-
-class AutogradeReport(Report):
-    """One row per submission autograded: status, score, time, and the reason or notes."""
-
-    title = "Autograding"
-    columns = (
-        Column("student_id", "student"),
-        Column("assignment_id", "assignment"),
-        Column("status", "status"),
-        Column("score", "score", ".2f"),
-        Column("max_score", "max", ".2f"),
-        Column("percent", "%", ".1f"),
-        Column("seconds", "seconds", ".1f"),
-        Column("reason", "reason / notes"),
-    )
-
-    @property
-    def failed(self) -> list[Outcome]:
-        return [o for o in self.rows if o.status == "failed"]
-
-    def outcome(self, student_id: str, assignment_id: str) -> Outcome:
-        return next(o for o in self.rows if (o.student_id, o.assignment_id) == (student_id, assignment_id))
-
-
-def invalid_notebooks(folder: Path) -> list[str]:
-    """A sentence for every .ipynb in ``folder`` that nbformat cannot read as a valid notebook."""
-    problems = []
-    for path in sorted(folder.glob("*.ipynb")):
-        try:
-            nbformat.validate(nbformat.read(path, as_version=4))
-        except Exception as err:  # noqa: BLE001 - any unreadable notebook is a reason, not a crash
-            message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            problems.append(f"{path.name} is not a valid notebook ({message[:160]})")
-    return problems
-
-
-def failure_reason(run: NbgraderRun, invalid: list[str], expected: list[str], found: list[str]) -> str:
-    """A sentence saying why nbgrader could not grade a submission, from what it left behind."""
-    if run.timed_out:
-        return f"did not finish within {run.seconds:.0f} s and was stopped (a cell that never ends and ignores interrupts?)"
-    if invalid:
-        return "; ".join(invalid)
-    log = run.log
-    if "DeadKernelError" in log or "Kernel died" in log:
-        running = re.findall(r"Autograding .*?([^/\\]+\.ipynb)", log)
-        where = f" while running {running[-1]}" if running else ""
-        return f"the kernel died{where} (the code ended the process, crashed, or ran out of memory)"
-    if "No notebooks found" in log:
-        return f"no notebook of the assignment in the submission: expected {', '.join(expected)}; found {', '.join(found) or 'nothing'}"
-    return f"{last_error_line(log)} (nbgrader exit code {run.returncode})"
-
-
-def graded_notes(course: Course, student_id: str, assignment_id: str, run: NbgraderRun, on_roster: bool) -> str:
-    """What a TA should know about a submission that was graded: cells stopped by the timeout, missing or extra files."""
-    notes = [] if on_roster else ["not on the roster"]
-    notes += [f"missing {Path(p).name} (0 points)" for p in re.findall(r"No submitted file: (\S+)", run.log)]
-    notes += [f"ignored {Path(p).name} (not part of the assignment)" for p in re.findall(r"Skipping unknown notebook: (\S+)", run.log)]
-    for path in sorted((course.autograded / student_id / assignment_id).glob("*.ipynb")):
-        for cell in assignments.read(path).cells:
-            if any(o.get("ename") == "CellTimeoutError" for o in cell.get("outputs", [])):
-                notes.append(f"{path.name}: cell {assignments.grade_id(cell) or '(ungraded)'} hit the per-cell timeout and was interrupted")
-    return "; ".join(notes)
-
-
-def record_failure_as_zero(course: Course, student_id: str, assignment_id: str) -> None:
-    """Make the gradebook agree that a failed submission scores 0 (it may hold partial scores of notebooks graded before the failure)."""
-    with course.gradebook() as gb:
-        gb.update_or_create_student(student_id)
-        submission = gb.update_or_create_submission(assignment_id, student_id)
-        for notebook in submission.notebooks:
-            for grade in notebook.grades:
-                grade.auto_score = 0
-                grade.manual_score = None
-                grade.needs_manual_grade = False
-        gb.db.commit()
-
-
-def autograde_one(course: Course, student_id: str, assignment_id: str, released: set[str], roster: set[str], timeout: float, cell_timeout: int | None = None) -> Outcome:
-    """Autograde one submission in a child process and say how it went; never raises for a bad submission."""
-    folder = course.submitted / student_id / assignment_id
-    flag = "" if student_id in roster else "; not on the roster"
-    if assignment_id not in released:
-        reason = f"assignment {assignment_id!r} was never released (run `make release A={assignment_id}`; released: {', '.join(sorted(released)) or 'none'})"
-        return Outcome(student_id, assignment_id, "failed", 0.0, 0.0, 0.0, not flag, reason + flag)
-    argv = ["autograde", assignment_id, "--student", student_id, "--force"]
-    if cell_timeout:
-        argv.append(f"--Execute.timeout={int(cell_timeout)}")
-    run = run_nbgrader(course, argv, course.log_path("autograde", student_id, assignment_id), timeout)
-    if run.ok:
-        with course.gradebook() as gb:
-            submission = gb.find_submission(assignment_id, student_id)
-            score, max_score = float(submission.score), float(submission.max_score)
-        notes = graded_notes(course, student_id, assignment_id, run, not flag)
-        return Outcome(student_id, assignment_id, "graded", score, max_score, run.seconds, not flag, notes)
-    expected = [p.name for p in assignments.notebooks(course.source / assignment_id)]
-    found = sorted(p.name for p in folder.glob("*.ipynb"))
-    reason = failure_reason(run, invalid_notebooks(folder), expected, found)
-    record_failure_as_zero(course, student_id, assignment_id)
-    with course.gradebook() as gb:
-        max_score = float(gb.find_assignment(assignment_id).max_score)
-    reason += f" (log: {run.log_path.relative_to(course.root)}){flag}"
-    return Outcome(student_id, assignment_id, "failed", 0.0, max_score, run.seconds, not flag, reason)
-
-
-def autograde(course: Course, assignment_ids: Sequence[str] = (), student_ids: Sequence[str] = (), timeout: float = SUBMISSION_TIMEOUT_S, cell_timeout: int | None = None) -> AutogradeReport:
-    """Autograde every submission in submitted/<student>/<assignment>/ (optionally only some), one at a time."""
+def autograde(course: Course, assignment_ids: Sequence[str] = (), student_ids: Sequence[str] = (), timeout: float = SUBMISSION_TIMEOUT_S,
+              cell_timeout: float | None = None, jobs: int | None = None, regrade: bool = False, limits: Limits | None = None) -> AutogradeReport:
+    """Autograde every submission in submitted/<student>/<assignment>/ (optionally only some), ``jobs`` at a time, each in a sandbox."""
     known_assignments(course, assignment_ids)
     pending = course.submissions(assignment_ids, student_ids)
     if not pending:
         wanted = f" for {', '.join(list(assignment_ids) + list(student_ids))}" if assignment_ids or student_ids else ""
         raise GradingError(f"no submissions{wanted} under {course.submitted}/<student>/<assignment>/ (drop them there, or `make import`)")
     sync_roster(course)
-    released, roster = course.released_ids(), set(course.roster())
-    outcomes = []
-    for number, (student_id, assignment_id) in enumerate(pending, 1):
-        outcome = autograde_one(course, student_id, assignment_id, released, roster, timeout, cell_timeout)
-        outcomes.append(outcome)
-        detail = f"{outcome.score:g}/{outcome.max_score:g} ({outcome.percent:.0f}%)" if outcome.status == "graded" else outcome.reason
-        print(f"[{number}/{len(pending)}] {outcome.status:>6}  {assignment_id}  {student_id}  {outcome.seconds:.1f} s  {detail}", flush=True)
-    write_status(course, outcomes)
+    limits = dataclasses.replace(limits or Limits(), wall_s=float(timeout), cell_s=float(cell_timeout or course.cell_timeout()))
+    outcomes = grade_submissions(course, pending, course.released_ids(), set(course.roster()), limits, jobs or os.cpu_count() or 1, regrade)
     return AutogradeReport(outcomes)
-
-
-def read_status(course: Course) -> dict[tuple[str, str], dict]:
-    """The last autograding outcome of each (student, assignment), from autograde_status.csv."""
-    path = course.root / STATUS_FILE
-    if not path.exists():
-        return {}
-    with path.open(newline="") as f:
-        return {(r["student_id"], r["assignment_id"]): r for r in csv.DictReader(f)}
-
-
-def write_status(course: Course, outcomes: Iterable[Outcome]) -> None:
-    """Merge these outcomes into autograde_status.csv (a later run replaces a submission's earlier row)."""
-    rows = read_status(course)
-    for o in outcomes:
-        rows[(o.student_id, o.assignment_id)] = {**dataclasses.asdict(o), "score": f"{o.score:g}", "max_score": f"{o.max_score:g}", "seconds": f"{o.seconds:.1f}"}
-    fields = [f.name for f in dataclasses.fields(Outcome)]
-    with (course.root / STATUS_FILE).open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=fields)
-        writer.writeheader()
-        writer.writerows(rows[key] for key in sorted(rows))
 
 
 # ---------------------------------------------------------------- feedback
@@ -417,35 +269,6 @@ def feedback(course: Course, assignment_ids: Sequence[str] = (), student_ids: Se
     for line in failed:
         print(f"feedback FAILED for {line}")
     return written
-
-
-class HideHiddenTestTracebacks(NbGraderPreprocessor):
-    """nbgrader feedback preprocessor: in test cells with hidden tests, shorten error tracebacks to one line.
-
-    A traceback quotes the lines around the failing assert, which may be hidden tests;
-    the student sees which test failed (visible line N, or a hidden one) and its message.
-    Runs before nbgrader's ClearHiddenTests, which removes the hidden region itself.
-    """
-
-    def preprocess_cell(self, cell, resources, index):
-        if assignments.is_graded_test(cell) and assignments.HIDDEN_BEGIN in cell.source:
-            for output in cell.get("outputs", []):
-                if output.get("output_type") == "error":
-                    output["traceback"] = [_one_line_traceback(cell.source, output)]
-        return cell, resources
-
-
-def _one_line_traceback(source: str, error) -> str:
-    lines = source.splitlines()
-    hidden_start = next((i + 1 for i, line in enumerate(lines) if assignments.HIDDEN_BEGIN in line), len(lines) + 1)
-    numbers = re.findall(r"line (\d+)", re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(error.get("traceback", []))))
-    failing = int(numbers[0]) if numbers else None  # the first frame is the test cell itself
-    if failing is not None and failing < hidden_start:
-        which = f"the visible test on line {failing} failed"
-    else:
-        which = "a hidden test failed (its code is not shown)"
-    message = f"{error.get('ename', 'Error')}: {error.get('evalue', '')}".rstrip(": ")
-    return f"{which}: {message}"
 
 
 # ---------------------------------------------------------------- grades
@@ -512,6 +335,7 @@ def course_grades(course: Course) -> CourseGrades:
     failed = {key: row for key, row in status.items() if row["status"] == "failed"}
     percents: dict[str, dict[str, float]] = {}
     submissions: dict[str, set[str]] = {}
+    mismatches: list[str] = []
     with course.gradebook() as gb:
         known = [a.name for a in gb.assignments]
         for assignment in gb.assignments:
@@ -520,8 +344,14 @@ def course_grades(course: Course) -> CourseGrades:
                 student_id = submission.student.id
                 submissions.setdefault(assignment.name, set()).add(student_id)
                 value = 0.0 if (student_id, assignment.name) in failed or not max_score else 100 * float(submission.score) / max_score
+                row = status.get((student_id, assignment.name))
+                if row and row["status"] == "graded" and abs(float(row["score"]) - float(submission.score)) > 1e-6:
+                    mismatches.append(f"{student_id}/{assignment.name}: gradebook {float(submission.score):g}, autograde status {row['score']}")
                 percents.setdefault(student_id, {})[assignment.name] = round(value, 2)
         students = set(roster) | {s.id for s in gb.students} | {s for s, _ in status}
+    if mismatches:
+        raise GradingError("the gradebook does not hold the scores the autograder recorded (was it changed by hand or by another "
+                           "tool?): " + "; ".join(mismatches[:20]) + ". Regrade them: make autograde REGRADE=1 S=<student> A=<assignment>")
     ids = list(WEIGHTS) + sorted((set(known) | set(course.assignment_ids())) - set(WEIGHTS))
     rows = []
     for student_id in sorted(students):
@@ -590,6 +420,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if name == "autograde":
             sub.add_argument("--timeout", type=float, default=SUBMISSION_TIMEOUT_S, help="seconds one submission may take before it is stopped")
             sub.add_argument("--cell-timeout", type=int, default=None, help="override the per-cell timeout of nbgrader_config.py")
+            sub.add_argument("-j", "--jobs", type=int, default=None, help="submissions graded at once (default: the number of cores)")
+            sub.add_argument("--regrade", action="store_true", help="grade again submissions already graded with the same files and tests")
+            sub.add_argument("--memory-gb", type=float, default=None, help="address-space limit of a submission's processes (default 8; torch alone maps 3.1)")
     commands.add_parser("grades", help="write grades.csv and course_grades.csv and print a summary")
     zipped = commands.add_parser("import", help="collect an LMS download (zip) into submitted/")
     zipped.add_argument("archive")
@@ -601,7 +434,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "release":
             release(course, args.assignment)
         elif args.command == "autograde":
-            report = autograde(course, args.assignment, args.student, args.timeout, args.cell_timeout)
+            limits = Limits(memory_bytes=int(args.memory_gb * 2**30)) if args.memory_gb else None
+            if args.jobs is not None and args.jobs < 1:
+                raise GradingError(f"JOBS={args.jobs}: give the number of submissions to grade at once, 1 or more")
+            report = autograde(course, args.assignment, args.student, args.timeout, args.cell_timeout, args.jobs, args.regrade, limits)
             print()
             print(report.table())
             print(f"\n{len(report.rows) - len(report.failed)} graded, {len(report.failed)} failed (scored 0; reasons above); status in {course.root / STATUS_FILE}")

@@ -1,0 +1,462 @@
+"""Autograde submissions in sandboxes, several at once; only this process writes grades.
+
+For each submission (``submitted/<student>/<assignment>/``) and each notebook of the assignment:
+
+1. **Rebuild** the notebook from trusted parts: the released notebook's structure and metadata, the test
+   and read-only cells from the gradebook (hidden tests included), and from the student's file only the
+   source of their solution cells and the cells they added. Forged nbgrader metadata, deleted test cells
+   and changed read-only cells change nothing.
+2. **Run** it in a fresh sandbox (helpers.course.sandbox) holding a copy of the student's files and the
+   released support files, under the per-submission limits; the runner reports each cell's outcome.
+3. **Record**: the graded notebook is written to ``autograded/`` from those reports, and nbgrader's own
+   SaveAutoGrades preprocessor puts the scores into the gradebook, in this process, one submission at a time.
+
+The status row of a submission is written to ``autograde_status.csv`` as soon as it is graded, with a
+fingerprint of its files and of the tests: a grader that was stopped resumes where it stopped, and a
+rerun skips what is already graded unless asked to regrade.
+"""
+from __future__ import annotations
+
+import copy
+import csv
+import dataclasses
+import hashlib
+import os
+import queue
+import re
+import shutil
+import threading
+import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import nbformat
+
+from helpers.core.report import Column, Report
+from helpers.course import assignments, sandbox
+from helpers.course.sandbox import Limits
+
+STATUS_FILE = "autograde_status.csv"
+RUNNER_VERSION = "sandbox-1"  # part of every fingerprint: a change of the grading machinery regrades everything
+
+
+@dataclass
+class Outcome:
+    """How one submission fared: graded (with its score and notes) or failed (with the reason)."""
+
+    student_id: str
+    assignment_id: str
+    status: str
+    score: float
+    max_score: float
+    seconds: float
+    on_roster: bool
+    reason: str
+    fingerprint: str = ""
+
+    @property
+    def percent(self) -> float:
+        return 100 * self.score / self.max_score if self.max_score else 0.0
+
+
+class AutogradeReport(Report):
+    """One row per submission autograded: status, score, time, and the reason or notes."""
+
+    title = "Autograding"
+    columns = (
+        Column("student_id", "student"),
+        Column("assignment_id", "assignment"),
+        Column("status", "status"),
+        Column("score", "score", ".2f"),
+        Column("max_score", "max", ".2f"),
+        Column("percent", "%", ".1f"),
+        Column("seconds", "seconds", ".1f"),
+        Column("reason", "reason / notes"),
+    )
+
+    @property
+    def failed(self) -> list[Outcome]:
+        return [o for o in self.rows if o.status == "failed"]
+
+
+# ---------------------------------------------------------------- what the tests are (read once per assignment)
+
+
+@dataclass
+class TrustedNotebook:
+    """One notebook of an assignment as the grader knows it: the released cells, with test cells in full."""
+
+    name: str
+    cells: list  # nbformat cells: release structure, gradebook sources for read-only and test cells
+    hidden_lines: list[str]
+
+
+@dataclass
+class TrustedAssignment:
+    assignment_id: str
+    notebooks: list[TrustedNotebook]
+    support_files: dict[str, Path]
+    max_score: float
+    fingerprint: str
+
+
+def trusted_assignment(course, assignment_id: str) -> TrustedAssignment:
+    """The assignment's notebooks, tests and support files from release/ and the gradebook (never from a submission)."""
+    from nbgrader.api import MissingEntry
+
+    release = course.release / assignment_id
+    digest = hashlib.sha256(RUNNER_VERSION.encode())
+    notebooks = []
+    with course.gradebook() as gb:
+        assignment = gb.find_assignment(assignment_id)
+        max_score = float(assignment.max_score)
+        for notebook in sorted(assignment.notebooks, key=lambda n: _part_order(n.name)):
+            path = release / f"{notebook.name}.ipynb"
+            nb = assignments.read(path)
+            hidden = []
+            for cell in nb.cells:
+                grade_id = assignments.grade_id(cell)
+                if not grade_id or assignments.is_solution(cell):
+                    continue
+                try:
+                    cell.source = gb.find_source_cell(grade_id, notebook.name, assignment_id).source
+                except MissingEntry:
+                    continue
+                hidden += _hidden_lines(cell.source)
+                digest.update(f"{notebook.name}/{grade_id}\0{cell.source}\0".encode())
+            notebooks.append(TrustedNotebook(notebook.name, nb.cells, hidden))
+    support = {p.name: p for p in sorted(release.iterdir()) if p.is_file() and p.suffix != ".ipynb"}
+    for path in support.values():
+        digest.update(path.name.encode() + path.read_bytes())
+    return TrustedAssignment(assignment_id, notebooks, support, max_score, digest.hexdigest()[:16])
+
+
+def _part_order(name: str):
+    match = re.match(r"part(\d+)_", name)
+    return (0, int(match.group(1)), name) if match else (1, 0, name)
+
+
+def _hidden_lines(source: str) -> list[str]:
+    inside, lines = False, []
+    for line in source.splitlines():
+        if assignments.HIDDEN_BEGIN in line:
+            inside = True
+        elif assignments.HIDDEN_END in line:
+            inside = False
+        elif inside and len(line.strip()) >= 12:
+            lines.append(line.strip())
+    return lines
+
+
+# ---------------------------------------------------------------- 1. rebuild
+
+
+def rebuild(trusted: TrustedNotebook, submitted) -> tuple[nbformat.NotebookNode, list[str]]:
+    """The notebook to run: trusted cells in the student's order, the student's solutions and added cells.
+
+    Returns the notebook and notes for the TA (forged metadata, restored cells).
+    """
+    by_id = {assignments.grade_id(c): c for c in trusted.cells if assignments.grade_id(c)}
+    used: set[str] = set()
+    cells, notes = [], []
+    for cell in submitted.cells:
+        meta = cell.get("metadata", {}).get("nbgrader")
+        grade_id = meta.get("grade_id") if isinstance(meta, dict) else None
+        if isinstance(grade_id, str) and grade_id in by_id and grade_id not in used:
+            used.add(grade_id)
+            mine = copy.deepcopy(by_id[grade_id])
+            if assignments.is_solution(mine) and cell.get("cell_type") == mine.cell_type:
+                mine.source = cell.get("source", "")
+            cells.append(mine)
+        elif cell.get("cell_type") in ("code", "markdown"):
+            if meta is not None:
+                notes.append(f"a cell with nbgrader metadata that is not the released notebook's ({str(grade_id)[:40]!r}) ran as an ordinary cell")
+            plain = nbformat.v4.new_code_cell(cell.get("source", "")) if cell["cell_type"] == "code" else nbformat.v4.new_markdown_cell(cell.get("source", ""))
+            cells.append(plain)
+    for position, cell in enumerate(trusted.cells):
+        grade_id = assignments.grade_id(cell)
+        if grade_id and grade_id not in used:
+            before = [assignments.grade_id(c) for c in trusted.cells[:position] if assignments.grade_id(c) in used]
+            at = max((i for i, c in enumerate(cells) if assignments.grade_id(c) in before), default=-1) + 1
+            cells.insert(at, copy.deepcopy(cell))
+            used.add(grade_id)
+            if not assignments.is_solution(cell):
+                notes.append(f"restored the deleted cell {grade_id}")
+    nb = nbformat.v4.new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
+                                                          "language_info": {"name": "python"}})
+    return nb, notes
+
+
+def role(cell) -> str:
+    if assignments.is_graded_test(cell):
+        return "test"
+    meta = assignments.nbgrader_metadata(cell)
+    return "instructor" if meta.get("locked") and not meta.get("solution") else "student"
+
+
+# ---------------------------------------------------------------- 2. run, 3. record
+
+
+@dataclass
+class NotebookResult:
+    name: str
+    notebook: nbformat.NotebookNode | None  # None: not submitted
+    notes: list[str]
+    tampered: str = ""
+
+
+def run_notebook(nb, trusted: TrustedAssignment, files: dict[str, Path], limits: Limits, deadline: float, jobs: int,
+                 threads: int, slot: int = 0) -> tuple[nbformat.NotebookNode, list[str], str, str]:
+    """Run ``nb`` in a sandbox and fill its outputs from the runner's reports; returns (notebook, notes, tampering, log)."""
+    code = [(i, c) for i, c in enumerate(nb.cells) if c.cell_type == "code" and c.source.strip()]
+    job = {"cells": [{"index": i, "source": c.source, "role": role(c)} for i, c in code],
+           "support_modules": [Path(n).stem for n in trusted.support_files if n.endswith(".py")]}
+    run = sandbox.run_notebook(files, job, limits, deadline, jobs=jobs, threads=threads, slot=slot)
+    notes = []
+    if run.tampered:
+        stopped = f"the submission {run.tampered}: its results cannot be trusted"
+    elif run.stopped:
+        stopped = f"stopped at the {run.stopped}"
+    elif not run.finished:
+        stopped = f"the notebook's process ended (exit status {run.returncode}: the code ended the process, crashed, or was killed at a limit)"
+    else:
+        stopped = ""
+    for count, (index, cell) in enumerate(code, 1):
+        event = run.cells.get(index)
+        outcome = event.outcome if event else None
+        cell.execution_count = count if event else None
+        cell.outputs = _outputs(outcome, stopped if not run.tampered else "") if outcome else []
+        if outcome is None and (event or stopped):
+            what = stopped or "the notebook stopped before this cell"
+            cell.outputs = [nbformat.v4.new_output("error", ename="NotRun", evalue=f"{what}; this cell did not finish", traceback=[])]
+        if run.tampered and assignments.is_graded_test(cell):
+            cell.outputs = [nbformat.v4.new_output("error", ename="GradingChannelTampered", evalue=stopped, traceback=[])]
+        for note in (outcome or {}).get("notes", []):
+            notes.append(f"cell {assignments.grade_id(cell) or index}: {note}")
+        limit = ((outcome or {}).get("error") or {}).get("limit")
+        if limit:
+            notes.append(f"cell {assignments.grade_id(cell) or index} hit the {limit}")
+    if stopped:
+        running = run.running
+        where = f" while cell {assignments.grade_id(nb.cells[running]) or running} ran" if running is not None else ""
+        notes.append(f"{stopped}{where}; the cells after it scored 0")
+    log = f"sandbox exit status {run.returncode} after {run.seconds:.1f} s; finished: {run.finished}; {stopped or 'no limit hit'}\n{run.log}"
+    return nb, notes, run.tampered, log
+
+
+def _outputs(outcome: dict, stopped: str) -> list:
+    outputs = []
+    for name in ("stdout", "stderr"):
+        if outcome.get(name):
+            outputs.append(nbformat.v4.new_output("stream", name=name, text=outcome[name]))
+    if "result" in outcome:
+        outputs.append(nbformat.v4.new_output("execute_result", data={"text/plain": outcome["result"]}, execution_count=None))
+    if outcome.get("error"):
+        error = outcome["error"]
+        outputs.append(nbformat.v4.new_output("error", ename=str(error["ename"])[:200], evalue=str(error["evalue"]), traceback=[str(t) for t in error["traceback"]]))
+    return outputs
+
+
+def fingerprint(folder: Path, trusted: TrustedAssignment) -> str:
+    """What the grade depends on: every submitted file and the assignment's tests and support files."""
+    digest = hashlib.sha256(trusted.fingerprint.encode())
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        digest.update(str(path.relative_to(folder)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+class Grader:
+    """Grades submissions of a course, ``jobs`` at a time; gradebook and status writes happen under one lock."""
+
+    def __init__(self, course, limits: Limits, jobs: int):
+        self.course, self.limits, self.jobs = course, limits, max(1, jobs)
+        self.threads = max(1, (os.cpu_count() or 1) // self.jobs)
+        self.lock = threading.Lock()
+        self.trusted: dict[str, TrustedAssignment] = {}
+        self.slots: queue.Queue = queue.Queue()
+        for slot in range(self.jobs):
+            self.slots.put(slot)
+
+    def assignment(self, assignment_id: str) -> TrustedAssignment:
+        with self.lock:
+            if assignment_id not in self.trusted:
+                self.trusted[assignment_id] = trusted_assignment(self.course, assignment_id)
+            return self.trusted[assignment_id]
+
+    def grade(self, student_id: str, assignment_id: str, on_roster: bool) -> Outcome:
+        """Grade one submission in a free job slot; never raises for anything the submission did."""
+        slot = self.slots.get()
+        try:
+            return self._grade(student_id, assignment_id, on_roster, slot)
+        finally:
+            self.slots.put(slot)
+
+    def _grade(self, student_id: str, assignment_id: str, on_roster: bool, slot: int) -> Outcome:
+        start = time.monotonic()
+        folder = self.course.submitted / student_id / assignment_id
+        trusted = self.assignment(assignment_id)
+        prints = fingerprint(folder, trusted)
+        flag = "" if on_roster else "not on the roster"
+        size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+        if size > self.limits.submission_bytes:
+            reason = f"the submission holds {size / 2**20:.1f} MiB, over the {self.limits.submission_bytes / 2**20:g} MiB limit for one submission: ask for a smaller one"
+            return self._failed(student_id, assignment_id, trusted, reason, start, on_roster, prints)
+        files = {p.name: p for p in sorted(folder.iterdir()) if p.is_file() and p.suffix != ".ipynb"}
+        files.update(trusted.support_files)  # the released support files win over a student's copy
+        expected = [f"{n.name}.ipynb" for n in trusted.notebooks]
+        found = sorted(p.name for p in folder.glob("*.ipynb"))
+        if not set(expected) & set(found):
+            reason = f"no notebook of the assignment in the submission: expected {', '.join(expected)}; found {', '.join(found) or 'nothing'}"
+            return self._failed(student_id, assignment_id, trusted, reason, start, on_roster, prints)
+        deadline = time.monotonic() + self.limits.wall_s
+        logs = []
+        results, notes, tampered = [], [], []
+        for notebook in trusted.notebooks:
+            path = folder / f"{notebook.name}.ipynb"
+            if not path.exists():
+                notes.append(f"missing {path.name} (0 points)")
+                results.append(NotebookResult(notebook.name, None, []))
+                continue
+            try:
+                submitted = nbformat.read(path, as_version=4)
+                nbformat.validate(submitted)
+            except Exception as err:  # noqa: BLE001 - an unreadable notebook is a reason, not a crash
+                message = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
+                return self._failed(student_id, assignment_id, trusted, f"{path.name} is not a valid notebook ({message})", start, on_roster, prints)
+            nb, rebuild_notes = rebuild(notebook, submitted)
+            nb, run_notes, tamper, log = run_notebook(nb, trusted, {**files}, self.limits, deadline, self.jobs, self.threads, slot)
+            logs.append(f"== {path.name}\n{log}")
+            results.append(NotebookResult(notebook.name, nb, rebuild_notes + run_notes, tamper))
+            notes += [f"{path.name}: {n}" for n in rebuild_notes + run_notes]
+            if tamper:
+                tampered.append(f"{path.name}: {tamper}")
+        self.course.log_path("autograde", student_id, assignment_id).write_text("\n".join(logs))
+        extra = sorted(p.name for p in folder.glob("*.ipynb") if p.stem not in {n.name for n in trusted.notebooks})
+        notes += [f"ignored {name} (not part of the assignment)" for name in extra]
+        if tampered:
+            reason = "; ".join(tampered) + " (a submission that writes to the grader's channel scores 0)"
+            return self._failed(student_id, assignment_id, trusted, reason, start, on_roster, prints, results)
+        score = self._record(student_id, assignment_id, results, folder)
+        return Outcome(student_id, assignment_id, "graded", score, trusted.max_score, time.monotonic() - start, on_roster,
+                       "; ".join(([flag] if flag else []) + notes), prints)
+
+    def _failed(self, student_id, assignment_id, trusted, reason, start, on_roster, prints, results=()) -> Outcome:
+        self._record(student_id, assignment_id, results, None, zero=True)
+        flag = "" if on_roster else "; not on the roster"
+        return Outcome(student_id, assignment_id, "failed", 0.0, trusted.max_score, time.monotonic() - start, on_roster, reason + flag, prints)
+
+    def _record(self, student_id: str, assignment_id: str, results: Iterable[NotebookResult], folder: Path | None, zero: bool = False) -> float:
+        """Write the graded notebooks and the gradebook's scores (nbgrader's SaveAutoGrades); returns the score."""
+        from nbgrader.preprocessors import SaveAutoGrades
+
+        graded = self.course.autograded / student_id / assignment_id
+        with self.lock, warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # nbgrader's update_or_create_submission trips SQLAlchemy's autoflush warnings
+            shutil.rmtree(graded, ignore_errors=True)
+            graded.mkdir(parents=True)
+            timestamp = (folder / "timestamp.txt") if folder else None
+            with self.course.gradebook() as gb:
+                gb.update_or_create_student(student_id)
+                if timestamp and timestamp.exists():
+                    from nbgrader.utils import parse_utc
+
+                    gb.update_or_create_submission(assignment_id, student_id, timestamp=parse_utc(timestamp.read_text().strip()))
+                    shutil.copy(timestamp, graded / "timestamp.txt")
+                else:
+                    gb.update_or_create_submission(assignment_id, student_id)
+            for result in results:
+                if result.notebook is not None:
+                    nbformat.write(result.notebook, graded / f"{result.name}.ipynb")
+                    if not zero:
+                        resources = {"nbgrader": {"notebook": result.name, "assignment": assignment_id, "student": student_id, "db_url": self.course.db_url()}}
+                        SaveAutoGrades().preprocess(copy.deepcopy(result.notebook), resources)
+            with self.course.gradebook() as gb:
+                submission = gb.find_submission(assignment_id, student_id)
+                written = {r.name for r in results if r.notebook is not None and not zero}
+                for notebook in submission.notebooks:
+                    if notebook.name not in written:
+                        for grade in notebook.grades:
+                            grade.auto_score, grade.manual_score, grade.needs_manual_grade = 0, None, False
+                gb.db.commit()
+                return float(gb.find_submission(assignment_id, student_id).score)
+
+    def save_status(self, outcome: Outcome) -> None:
+        with self.lock:
+            write_status(self.course, [outcome])
+
+
+def autograde(course, pending: Sequence[tuple[str, str]], released: set[str], roster: set[str], limits: Limits, jobs: int,
+              regrade: bool = False) -> list[Outcome]:
+    """Grade ``pending`` (student, assignment) pairs, ``jobs`` at a time; print a line and save the status as each finishes."""
+    grader = Grader(course, limits, jobs)
+    previous = read_status(course)
+    outcomes, todo = [], []
+    for student_id, assignment_id in pending:
+        on_roster = student_id in roster
+        if assignment_id not in released:
+            reason = f"assignment {assignment_id!r} was never released (run `make release A={assignment_id}`; released: {', '.join(sorted(released)) or 'none'})"
+            outcome = Outcome(student_id, assignment_id, "failed", 0.0, 0.0, 0.0, on_roster, reason)
+            grader.save_status(outcome)
+            outcomes.append(outcome)
+            continue
+        row = previous.get((student_id, assignment_id))
+        folder = course.submitted / student_id / assignment_id
+        if not regrade and row and row.get("fingerprint") == fingerprint(folder, grader.assignment(assignment_id)) \
+                and (course.autograded / student_id / assignment_id).exists():
+            outcomes.append(_from_row(row))
+            continue
+        todo.append((student_id, assignment_id, on_roster))
+    skipped = len(pending) - len(todo) - sum(o.status == "failed" and not o.fingerprint for o in outcomes)
+    if skipped:
+        print(f"{skipped} submission(s) already graded with these files and tests: kept (REGRADE=1 or --regrade grades them again)", flush=True)
+    print(f"grading {len(todo)} submission(s), {grader.jobs} at a time; {sandbox.isolation()}; limits: {limits.describe()}", flush=True)
+    with ThreadPoolExecutor(max_workers=grader.jobs) as pool:
+        futures = {pool.submit(_grade_safely, grader, *item): item for item in todo}
+        for number, future in enumerate(as_completed(futures), 1):
+            outcome = future.result()
+            grader.save_status(outcome)
+            outcomes.append(outcome)
+            detail = f"{outcome.score:g}/{outcome.max_score:g} ({outcome.percent:.0f}%)" if outcome.status == "graded" else outcome.reason
+            print(f"[{number}/{len(todo)}] {outcome.status:>6}  {outcome.assignment_id}  {outcome.student_id}  {outcome.seconds:.1f} s  {detail}", flush=True)
+    order = {pair: i for i, pair in enumerate(pending)}
+    return sorted(outcomes, key=lambda o: order[(o.student_id, o.assignment_id)])
+
+
+def _grade_safely(grader: Grader, student_id: str, assignment_id: str, on_roster: bool) -> Outcome:
+    """Grade, turning a failure of the grader itself on this submission into a failed row (the others go on)."""
+    try:
+        return grader.grade(student_id, assignment_id, on_roster)
+    except Exception as err:  # noqa: BLE001 - one submission's problem must not stop the class
+        return Outcome(student_id, assignment_id, "failed", 0.0, 0.0, 0.0, on_roster,
+                       f"the grader could not grade this submission: {type(err).__name__}: {err} (rerun with S={student_id}; report it if it persists)")
+
+
+def _from_row(row: dict) -> Outcome:
+    return Outcome(row["student_id"], row["assignment_id"], row["status"], float(row["score"]), float(row["max_score"]),
+                   float(row["seconds"]), row["on_roster"] == "True", row["reason"], row.get("fingerprint", ""))
+
+
+def read_status(course) -> dict[tuple[str, str], dict]:
+    """The last autograding outcome of each (student, assignment), from autograde_status.csv."""
+    path = course.root / STATUS_FILE
+    if not path.exists():
+        return {}
+    with path.open(newline="") as f:
+        return {(r["student_id"], r["assignment_id"]): r for r in csv.DictReader(f)}
+
+
+def write_status(course, outcomes: Iterable[Outcome]) -> None:
+    """Merge these outcomes into autograde_status.csv (written to a temporary file, then moved into place)."""
+    rows = read_status(course)
+    for o in outcomes:
+        rows[(o.student_id, o.assignment_id)] = {**dataclasses.asdict(o), "score": f"{o.score:g}", "max_score": f"{o.max_score:g}", "seconds": f"{o.seconds:.1f}"}
+    fields = [f.name for f in dataclasses.fields(Outcome)]
+    temporary = course.root / (STATUS_FILE + ".tmp")
+    with temporary.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore", restval="")
+        writer.writeheader()
+        writer.writerows(rows[key] for key in sorted(rows))
+    os.replace(temporary, course.root / STATUS_FILE)

@@ -1,0 +1,352 @@
+"""Run one notebook inside the grading sandbox, cell by cell, and report every cell to the grader.
+
+The grader (helpers.course.autograde) starts this in a sandbox (helpers.course.sandbox) as
+``python -c 'from helpers.course.cell_runner import main; main()'`` and writes the job, a JSON
+object, to its stdin: the cells in order (source, role, grade id) and the limits. The runner copies
+the submission's files from ``/grading/in`` into its working folder, runs the cells, and writes one
+JSON line per event to the grader: ``start`` before a cell, ``end`` after it (outputs, error, notes),
+``done`` at the end. Everything the submission writes to file descriptors 1 and 2 goes to a file in
+the sandbox instead, so that only the runner talks to the grader.
+
+What a submission can no longer do here, compared with a Jupyter kernel:
+
+* register IPython input transformers or a custom exception handler: cells are compiled and run by
+  the runner (IPython's own transformer, a private instance), never by the shell the student can reach;
+* rebind a name an instructor cell defined, or replace a function of torch, numpy, math, time, the
+  kit or the assignment's support module that the tests call: before every test cell the runner puts
+  back what was there before the first student cell ran, and a test during which such a function was
+  replaced again fails, with the name in the reason;
+* leave a trace or profile hook, an exception hook or an audit hook in place for the tests;
+* give a test partial credit through its last expression: test cells show no result value.
+
+The grade of a test cell is the runner's verdict (no exception and nothing written to stderr,
+nbgrader's rule), sent over the grader's channel; a message the grader did not expect on that
+channel makes the notebook score 0 (see helpers.course.autograde).
+"""
+from __future__ import annotations
+
+import ast
+import builtins
+import errno
+import io
+import json
+import linecache
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+import traceback
+import types
+import warnings
+from pathlib import Path
+
+INPUT = Path("/grading/in")
+# torch._dynamo rebinds torch.manual_seed when imported: load it before the snapshot so that is not taken for tampering.
+PRELOADED = ("math", "time", "random", "json", "numpy", "numpy.testing", "torch", "torch.nn", "torch.nn.functional", "torch.testing", "torch._dynamo")
+PROTECTED_PACKAGES = ("builtins", "sys", "os", "json", "signal", "math", "time", "random", "numpy", "torch", "helpers", "onnxruntime")
+TRACEBACK_LINES = 60
+
+
+class CellTimeoutError(Exception):
+    """A cell ran past the per-cell time limit and was interrupted."""
+
+
+class CpuLimitError(Exception):
+    """The process used up its CPU-time limit."""
+
+
+class BoundedText(io.TextIOBase):
+    """A write-only text stream that keeps the first ``limit`` bytes and counts what it dropped."""
+
+    def __init__(self, limit: int, name: str):
+        self.limit, self.name = limit, name
+        self.parts: list[str] = []
+        self.kept = 0
+        self.dropped = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text) -> int:
+        text = str(text)
+        size = len(text.encode("utf-8", "replace"))
+        room = self.limit - self.kept
+        if size <= room:
+            self.parts.append(text)
+            self.kept += size
+        else:
+            if room > 0:
+                head = text.encode("utf-8", "replace")[:room].decode("utf-8", "ignore")
+                self.parts.append(head)
+                self.kept += len(head.encode())
+            self.dropped += size - max(room, 0)
+        return len(text)
+
+    def value(self) -> str:
+        return "".join(self.parts)
+
+
+class Guard:
+    """What the tests rely on, as it was before any student code ran, and the means to put it back."""
+
+    def __init__(self, support_modules: list[str]):
+        for name in (*PRELOADED, *support_modules):
+            try:
+                __import__(name)
+            except Exception:  # noqa: BLE001 - a support module that fails to import fails the tests that use it
+                pass
+        self.packages = PROTECTED_PACKAGES + tuple(support_modules)
+        self.modules: dict[str, types.ModuleType] = {}
+        self.attributes: dict[str, dict[str, object]] = {}
+        self.add_new_modules()
+        self.bindings: dict[str, object] = {}  # names the instructor's cells defined in the notebook
+        self.excepthook = sys.excepthook
+        self.meta_path = list(sys.meta_path)
+
+    def add_new_modules(self) -> None:
+        """Record the protected modules imported since the last call (at start, and after each instructor cell)."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # deprecated torch attributes warn when looked at
+            for name, module in list(sys.modules.items()):
+                if name not in self.modules and module is not None and self._protected(name):
+                    self.modules[name] = module
+                    self.attributes[name] = self._callables(module)
+
+    def _protected(self, name: str) -> bool:
+        top = name.split(".")[0]
+        if top not in self.packages:
+            return False
+        return top in ("helpers",) or name.count(".") <= 2 or top not in ("torch", "numpy")
+
+    @staticmethod
+    def _callables(module) -> dict[str, object]:
+        try:
+            items = list(vars(module).items())
+        except TypeError:
+            return {}
+        return {k: v for k, v in items if callable(v)}  # functions and classes; submodules are swapped by lazy loaders
+
+    def changes(self, namespace: dict) -> list[str]:
+        """Every protected name whose value is not the one recorded (module attributes, sys.modules, instructor names)."""
+        changed = []
+        for name, module in self.modules.items():
+            if sys.modules.get(name) is not module:
+                changed.append(f"sys.modules[{name!r}]")
+            current = getattr(module, "__dict__", {})
+            changed += [f"{name}.{attr}" for attr, value in self.attributes[name].items() if current.get(attr, value) is not value]
+        changed += [name for name, value in self.bindings.items() if namespace.get(name) is not value]
+        return changed
+
+    def restore(self, namespace: dict) -> list[str]:
+        """Put every protected name back and remove hooks; returns the names that had been changed."""
+        changed = self.changes(namespace)
+        for name, module in self.modules.items():
+            sys.modules[name] = module
+            current = getattr(module, "__dict__", {})
+            for attr, value in self.attributes[name].items():
+                if current.get(attr, value) is not value:
+                    try:
+                        setattr(module, attr, value)
+                    except (AttributeError, TypeError):
+                        pass
+        for name, value in self.bindings.items():
+            namespace[name] = value
+        sys.settrace(None)
+        sys.setprofile(None)
+        threading.settrace(None)
+        threading.setprofile(None)
+        sys.excepthook = self.excepthook
+        sys.meta_path[:] = self.meta_path
+        return changed
+
+    def record_bindings(self, namespace: dict, before: dict) -> None:
+        """After an instructor cell: the names it bound (or rebound) are protected from now on."""
+        for name, value in namespace.items():
+            protectable = callable(value) or isinstance(value, types.ModuleType)
+            if protectable and not name.startswith("__") and before.get(name, _MISSING) is not value:
+                self.bindings[name] = value
+
+
+_MISSING = object()
+
+
+def _block_new_audit_hooks(event: str, args) -> None:
+    if event == "sys.addaudithook":
+        raise RuntimeError("audit hooks are not allowed while a submission is graded")
+
+
+def _classify(error: BaseException, limits: dict) -> str:
+    """The limit an error came from, in words, or '' when it is an ordinary error."""
+    text = f"{type(error).__name__}: {error}"
+    if isinstance(error, MemoryError) or "can't allocate memory" in text or "Cannot allocate memory" in text:
+        return f"memory limit ({limits['memory_bytes'] / 2**30:g} GiB of address space)"
+    if isinstance(error, CellTimeoutError):
+        return f"per-cell time limit ({limits['cell_s']:g} s)"
+    if isinstance(error, CpuLimitError):
+        return f"CPU-time limit ({limits['cpu_s']:g} s)"
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+        return f"disk limit ({limits['disk_bytes'] / 2**20:g} MiB)"
+    if (isinstance(error, OSError) and error.errno == errno.EAGAIN) or "can't start new thread" in text:
+        return f"process limit ({limits['processes']} processes and threads)"
+    return ""
+
+
+def _error_output(error: BaseException, limits: dict) -> dict:
+    limit = _classify(error, limits)
+    evalue = str(error)
+    if limit:
+        evalue = f"{evalue} [hit the {limit}]" if evalue else f"[hit the {limit}]"
+    lines = traceback.format_exception(type(error), error, error.__traceback__)
+    lines = [line for line in lines if "helpers/course/cell_runner.py" not in line and "cell_runner.py" not in line]
+    return {"ename": type(error).__name__, "evalue": evalue[:4000], "traceback": lines[-TRACEBACK_LINES:], "limit": limit}
+
+
+class Runner:
+    """Runs the cells of one notebook in a fresh ``__main__`` namespace and reports them on ``channel``."""
+
+    def __init__(self, job: dict, channel: int):
+        self.job, self.channel, self.limits = job, channel, job["limits"]
+        self.write = os.write  # the runner's own reference: rebinding os.write does not reach it
+        self.main = types.ModuleType("__main__")
+        self.main.__dict__["__builtins__"] = builtins
+        sys.modules["__main__"] = self.main
+        from IPython.core.inputtransformer2 import TransformerManager
+
+        self.transformer = TransformerManager()
+        self.shell = self._shell()
+        self.guard = Guard(job.get("support_modules", []))
+        self.used_output = 0
+        self.cells_run = 0
+
+    def _shell(self):
+        """An IPython shell for ``get_ipython()`` and magics in student code; it never runs a cell itself."""
+        from IPython.core.interactiveshell import InteractiveShell
+
+        return InteractiveShell.instance(user_module=self.main, user_ns=self.main.__dict__)
+
+    def send(self, **message) -> None:
+        data = (json.dumps(message) + "\n").encode()
+        view = memoryview(data)
+        while view:
+            view = view[self.write(self.channel, view):]
+
+    def run(self) -> None:
+        for cell in self.job["cells"]:
+            self.send(event="start", cell=cell["index"])
+            self.send(event="end", cell=cell["index"], **self.run_cell(cell))
+        self.send(event="done")
+
+    def run_cell(self, cell: dict) -> dict:
+        namespace = self.main.__dict__
+        role = cell["role"]
+        notes = []
+        if role == "test":
+            changed = self.guard.restore(namespace)
+            if changed:
+                notes.append("put back before the tests ran (the submission had replaced them): " + ", ".join(sorted(changed)[:12]))
+        before = dict(namespace) if role == "instructor" else {}
+        budget = max(0, self.limits["cell_output_bytes"])
+        room = max(0, min(budget, self.limits["output_bytes"] - self.used_output))
+        stdout, stderr = BoundedText(room, "stdout"), BoundedText(max(room // 4, 1024), "stderr")
+        sys.stdout, sys.stderr = stdout, stderr
+        start = time.perf_counter()
+        error, result = None, None
+        signal.signal(signal.SIGALRM, _on_alarm)
+        signal.signal(signal.SIGXCPU, _on_cpu_limit)
+        signal.setitimer(signal.ITIMER_REAL, float(self.limits["cell_s"]))
+        try:
+            result = self.execute(cell["source"], namespace, show_result=role != "test")
+        except BaseException as err:  # noqa: BLE001 - every error, even SystemExit, is the cell's outcome
+            error = err
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
+        seconds = time.perf_counter() - start
+        if role == "instructor" and error is None:
+            self.guard.record_bindings(namespace, before)
+            self.guard.add_new_modules()
+        if role == "test":
+            changed = self.guard.changes(namespace)
+            if changed and error is None:
+                error = RuntimeError("the code under test replaced " + ", ".join(sorted(changed)[:12]) + " while the tests ran; the test does not count")
+            self.guard.restore(namespace)
+        for stream in (stdout, stderr):
+            if stream.dropped:
+                notes.append(f"{stream.dropped:,} bytes of {stream.name} dropped at the output limit ({self.limits['output_bytes']:,} bytes per notebook)")
+        self.used_output += stdout.kept + stderr.kept
+        outcome = {"stdout": stdout.value(), "stderr": stderr.value(), "seconds": round(seconds, 3), "notes": notes}
+        if result is not None:
+            outcome["result"] = _bounded_repr(result)
+        if error is not None:
+            outcome["error"] = _error_output(error, self.limits)
+        return outcome
+
+    def execute(self, source: str, namespace: dict, show_result: bool):
+        """Compile with IPython's transformer (magics work) and run; the value of a last expression is returned."""
+        code = self.transformer.transform_cell(source)
+        self.cells_run += 1
+        filename = f"<cell-{self.cells_run}>"
+        linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)  # inspect.getsource works, as in Jupyter
+        tree = ast.parse(code, filename=filename)
+        last = tree.body.pop() if show_result and tree.body and isinstance(tree.body[-1], ast.Expr) else None
+        # dont_inherit: the runner's own `from __future__ import annotations` must not turn the student's annotations into strings
+        exec(compile(tree, filename, "exec", dont_inherit=True), namespace)  # noqa: S102 - running the student's notebook is the job
+        if last is not None:
+            value = eval(compile(ast.Expression(last.value), filename, "eval", dont_inherit=True), namespace)  # noqa: S307
+            if value is not None:
+                namespace["_"] = value
+            return value
+        return None
+
+
+def _bounded_repr(value, limit: int = 2000) -> str:
+    try:
+        text = repr(value)
+    except Exception as err:  # noqa: BLE001 - a broken __repr__ is shown, not raised
+        text = f"<repr failed: {type(err).__name__}>"
+    return text if len(text) <= limit else text[:limit] + " ..."
+
+
+def _on_alarm(signum, frame):
+    raise CellTimeoutError("the cell ran past the per-cell time limit and was interrupted")
+
+
+def _on_cpu_limit(signum, frame):
+    raise CpuLimitError("the process used up its CPU time")
+
+
+def _copy_input(source: Path, destination: Path) -> None:
+    destination.mkdir(parents=True, exist_ok=True)
+    if source.exists():
+        for path in source.iterdir():
+            target = destination / path.name
+            (shutil.copytree if path.is_dir() else shutil.copy)(path, target)
+    os.chdir(destination)
+
+
+def main() -> None:
+    """Entry point inside the sandbox: job on stdin, events on the original stdout."""
+    job = json.loads(sys.stdin.read())
+    channel, log = os.dup(1), os.dup(2)
+    os.set_inheritable(channel, False)
+    os.set_inheritable(log, False)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    sys.stdin = open(0, closefd=False)
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a file past the size limit raises EFBIG instead of killing us
+    Path(os.environ.get("HOME", "/tmp/home")).mkdir(parents=True, exist_ok=True)
+    _copy_input(Path(job.get("input", INPUT)), Path(job["workdir"]))
+    try:
+        runner = Runner(job, channel)
+        spill = os.open(job.get("spill", "/tmp/.fd-output"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.dup2(spill, 1)  # from here on, the submission's own writes to fd 1 and 2 land in a file of the sandbox
+        os.dup2(spill, 2)
+        sys.__stdout__ = sys.__stderr__ = open(1, "w", buffering=1, closefd=False)
+        sys.addaudithook(_block_new_audit_hooks)
+        runner.run()
+    except BaseException:  # noqa: BLE001 - the runner's own failure goes to the grader's log
+        os.write(log, traceback.format_exc().encode())
+        os._exit(70)
+    os._exit(0)  # leave no atexit handler of the submission a chance to write anything

@@ -1,0 +1,113 @@
+"""nbgrader feedback preprocessors: hidden tests never reach a student, and feedback stays small.
+
+nbgrader_config.py runs them (``c.GenerateFeedback.preprocessors``) in this order: GetGrades,
+HideHiddenTestTracebacks, RemoveHiddenTests, CSSHTMLHeaderPreprocessor.
+"""
+from __future__ import annotations
+
+import re
+
+from nbgrader.preprocessors import NbGraderPreprocessor
+
+from helpers.course import assignments
+
+OUTPUT_CHARS = 64 * 1024
+REDACTED = "[output removed from the feedback: it quoted the hidden tests]"
+
+
+class HideHiddenTestTracebacks(NbGraderPreprocessor):
+    """nbgrader feedback preprocessor: in test cells with hidden tests, shorten error tracebacks to one line.
+
+    A traceback quotes the lines around the failing assert, which may be hidden tests;
+    the student sees which test failed (visible line N, or a hidden one) and its message.
+    Runs before RemoveHiddenTests, which removes the hidden region itself.
+    """
+
+    def preprocess_cell(self, cell, resources, index):
+        if assignments.is_graded_test(cell) and assignments.HIDDEN_BEGIN in cell.source:
+            for output in cell.get("outputs", []):
+                if output.get("output_type") == "error":
+                    output["traceback"] = [_one_line_traceback(cell.source, output)]
+        return cell, resources
+
+
+def _one_line_traceback(source: str, error) -> str:
+    lines = source.splitlines()
+    hidden_start = next((i + 1 for i, line in enumerate(lines) if assignments.HIDDEN_BEGIN in line), len(lines) + 1)
+    numbers = re.findall(r"line (\d+)", re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(error.get("traceback", []))))
+    failing = int(numbers[0]) if numbers else None  # the first frame is the test cell itself
+    if failing is not None and failing < hidden_start:
+        which = f"the visible test on line {failing} failed"
+    else:
+        which = "a hidden test failed (its code is not shown)"
+    message = f"{error.get('ename', 'Error')}: {error.get('evalue', '')}".rstrip(": ")
+    return f"{which}: {message}"
+
+
+class RemoveHiddenTests(NbGraderPreprocessor):
+    """Remove the hidden region of every autograded test cell, and any output that quotes a hidden-test line.
+
+    Unlike nbgrader's ClearHiddenTests, a student's own cell that happens to contain the marker text is left
+    alone (it holds no hidden test), so such a student still gets feedback. Outputs are cut to 64 KiB each.
+    """
+
+    def preprocess(self, nb, resources):
+        hidden = set()
+        for cell in nb.cells:
+            if assignments.is_graded_test(cell):
+                hidden.update(_hidden_lines(cell.source))
+        for cell in nb.cells:
+            if assignments.is_graded_test(cell) and assignments.HIDDEN_BEGIN in cell.source:
+                cell.source = _without_hidden_region(cell.source)
+            for output in cell.get("outputs", []):
+                _redact(output, hidden)
+        return nb, resources
+
+
+def _hidden_lines(source: str) -> set[str]:
+    inside, lines = False, set()
+    for line in source.splitlines():
+        if assignments.HIDDEN_BEGIN in line:
+            inside = True
+        elif assignments.HIDDEN_END in line:
+            inside = False
+        elif inside and len(line.strip()) >= 12:
+            lines.add(line.strip())
+    return lines
+
+
+def _without_hidden_region(source: str) -> str:
+    kept, inside = [], False
+    for line in source.splitlines():
+        if assignments.HIDDEN_BEGIN in line:
+            inside = True
+        elif assignments.HIDDEN_END in line:
+            inside = False
+        elif not inside:
+            kept.append(line)
+    return "\n".join(kept)
+
+
+def _redact(output, hidden: set[str]) -> None:
+    texts = []
+    if "text" in output:
+        texts.append(("text", output["text"]))
+    for key in ("evalue",):
+        if key in output:
+            texts.append((key, output[key]))
+    data = output.get("data", {})
+    for mime in list(data):
+        if isinstance(data[mime], str):
+            if any(line in data[mime] for line in hidden):
+                data[mime] = REDACTED
+            elif len(data[mime]) > OUTPUT_CHARS:
+                data[mime] = data[mime][:OUTPUT_CHARS] + "\n[... cut at 64 KiB]"
+        else:
+            data.pop(mime)  # images and other binary data are not part of the feedback
+    if "traceback" in output:
+        output["traceback"] = [REDACTED] if any(line in "\n".join(output["traceback"]) for line in hidden) else output["traceback"][-60:]
+    for key, text in texts:
+        if any(line in text for line in hidden):
+            output[key] = REDACTED
+        elif len(text) > OUTPUT_CHARS:
+            output[key] = text[:OUTPUT_CHARS] + "\n[... cut at 64 KiB]"

@@ -1,0 +1,302 @@
+"""The grading sandbox: one notebook of one submission run by helpers.course.cell_runner under bubblewrap.
+
+What the submission's code sees (bubblewrap, Debian's ``bubblewrap`` package, ``bwrap``):
+
+* a file system of its own: the system's /usr, /etc and the Python installation read-only, the kit's
+  ``helpers`` package read-only at /opt/edl-kit, and a private, size-limited tmpfs holding a copy of the student's files and
+  the released support files. Not the course folder (source/, gradebook, other students) nor the rest of
+  the kit's checkout;
+* no network (a private loopback only: its own servers on 127.0.0.1 work, nothing outside is reachable);
+* its own process namespace: when the runner ends or is stopped, everything it started ends with it;
+* an unprivileged user (as root: uid 64000 + the job slot, so each slot has its own process limit) and no capabilities;
+* limits (util-linux ``prlimit``): CPU seconds, address space, processes and threads, file size, open files;
+  wall time and output bytes are enforced by the grader.
+
+Without bubblewrap (a TA's macOS laptop) the runner runs in a temporary folder under the same resource
+limits, with no file-system, network or process isolation, and every grading command says so loudly.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import queue
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+import psutil
+
+from helpers.core.procs import stop_tree
+
+SANDBOX_UID = 64000  # as root, job slot k runs as uid 64000 + k: each slot has a process limit of its own
+SANDBOX_INPUT = "/grading/in"
+SANDBOX_KIT = "/opt/edl-kit"  # the kit's helpers package, read-only, first on the sandbox's PYTHONPATH
+SANDBOX_HOME = "/tmp/home"
+SANDBOX_WORK = "/tmp/submission"
+RUNNER = "from helpers.course.cell_runner import main; main()"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-submission limits. Wall time covers the whole submission; the others apply to each notebook's sandbox."""
+
+    wall_s: float = 1800.0
+    cell_s: float = 180.0
+    cpu_s: int = 1800
+    memory_bytes: int = 8 * 2**30  # address space: torch (CUDA build) maps 3.1 GiB at import, so about 4.5 GiB is left to use
+    processes: int = 256
+    output_bytes: int = 1 * 2**20
+    cell_output_bytes: int = 64 * 2**10
+    disk_bytes: int = 512 * 2**20
+    submission_bytes: int = 50 * 2**20
+
+    def describe(self) -> str:
+        return (f"wall {self.wall_s:g} s per submission, {self.cell_s:g} s per cell, CPU {self.cpu_s} s, memory {self.memory_bytes / 2**30:g} GiB, "
+                f"{self.processes} processes, output {self.output_bytes / 2**20:g} MiB, disk {self.disk_bytes / 2**20:g} MiB")
+
+
+@lru_cache(maxsize=1)
+def bubblewrap() -> str | None:
+    """Path of a working ``bwrap``, or None (not installed, or user namespaces are not allowed here)."""
+    path = shutil.which("bwrap")
+    if not path:
+        return None
+    probe = subprocess.run([path, "--ro-bind", "/", "/", "--unshare-pid", "--unshare-net", "true"], capture_output=True, timeout=30)
+    return path if probe.returncode == 0 else None
+
+
+def isolation() -> str:
+    """One sentence for the TA: how submissions are isolated on this machine."""
+    if bubblewrap():
+        return "submissions run in a bubblewrap sandbox (own file system, no network, own processes, resource limits)"
+    return ("WARNING: bubblewrap (bwrap) is not available, so submissions run WITHOUT a sandbox: their code can read and "
+            "change anything this user can (the course's source/, the gradebook, other submissions). Only resource "
+            "limits and a temporary folder apply. Install bubblewrap (Debian/Ubuntu: apt install bubblewrap) before grading a class.")
+
+
+@dataclass
+class CellEvent:
+    """What the runner reported for one cell."""
+
+    index: int
+    outcome: dict | None = None  # None: the cell started but never ended
+
+
+@dataclass
+class SandboxRun:
+    """The events of one notebook's run and how it ended."""
+
+    cells: dict[int, CellEvent] = field(default_factory=dict)
+    finished: bool = False
+    stopped: str = ""  # why the grader stopped it (a limit, tampering), '' when it ended by itself
+    tampered: str = ""
+    returncode: int | None = None
+    seconds: float = 0.0
+    log: str = ""
+
+    @property
+    def running(self) -> int | None:
+        """The cell that had started but not ended when the run stopped."""
+        open_cells = [i for i, e in self.cells.items() if e.outcome is None]
+        return open_cells[-1] if open_cells else None
+
+
+def _prlimit(limits: Limits, jobs: int, uid: int) -> list[str]:
+    """Resource limits for the sandbox. The process limit counts per user: as root each job slot has its own user;
+    otherwise the grader's user is shared with everything else it runs, so the limit is the count now plus jobs x limit."""
+    processes = limits.processes + _process_count(uid) if uid != os.getuid() else limits.processes * max(jobs, 1) + _process_count(uid)
+    return ["prlimit", f"--cpu={limits.cpu_s}:{limits.cpu_s + 5}", f"--as={limits.memory_bytes}", f"--nproc={processes}",
+            f"--fsize={limits.disk_bytes}", "--nofile=1024", "--core=0", "--"]
+
+
+def _process_count(uid: int) -> int:
+    count = 0
+    for process in psutil.process_iter(["uids"]):
+        try:
+            count += process.info["uids"].real == uid
+        except (AttributeError, psutil.Error):
+            pass
+    return count
+
+
+def _mount_points(paths: list[Path]) -> list[str]:
+    """``--dir`` for every parent folder of the bind targets, readable by the sandbox's user."""
+    parents = sorted({str(p) for path in paths for p in path.parents if str(p) != "/"}, key=lambda p: p.count("/"))
+    args = []
+    for parent in parents:
+        args += ["--perms", "0755", "--dir", parent]
+    return args
+
+
+def bwrap_command(input_dir: Path, limits: Limits, jobs: int, env: dict[str, str], slot: int = 0) -> list[str]:
+    """The full command line: prlimit, bwrap with its mounts and namespaces, the runner (as root: dropping to the slot's uid)."""
+    import helpers
+
+    kit_package = Path(helpers.__file__).resolve().parent
+    python_homes = sorted({Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve()})
+    read_only = [Path(p) for p in ("/usr", "/etc", "/sys") if Path(p).exists()] + python_homes
+    args = [bubblewrap(), "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
+            "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+    args += _mount_points([p for p in read_only if p.parent != Path("/")] + [Path(SANDBOX_INPUT), Path(SANDBOX_KIT) / "helpers"])
+    for path in read_only:
+        args += ["--ro-bind", str(path), str(path)]
+    args += ["--ro-bind", str(kit_package), f"{SANDBOX_KIT}/helpers"]  # the kit's package only, not its checkout
+    for link in ("bin", "lib", "lib64", "sbin"):
+        target = Path("/") / link
+        if target.is_symlink():
+            args += ["--symlink", os.readlink(target), str(target)]
+        elif target.exists():
+            args += ["--ro-bind", str(target), str(target)]
+    args += ["--proc", "/proc", "--dev", "/dev",
+             "--size", str(limits.disk_bytes), "--perms", "1777", "--tmpfs", "/tmp",
+             "--size", str(limits.disk_bytes), "--perms", "1777", "--tmpfs", "/dev/shm",
+             "--size", str(limits.disk_bytes), "--perms", "1777", "--tmpfs", "/var/tmp",  # DVC's site cache lives there
+             "--ro-bind", str(input_dir), SANDBOX_INPUT, "--chdir", "/tmp", "--clearenv"]
+    for key, value in env.items():
+        args += ["--setenv", key, value]
+    command = [sys.executable, "-c", RUNNER]
+    uid = os.getuid()
+    if uid == 0:  # become an unprivileged user inside, so the process limit applies and nothing is writable
+        uid = SANDBOX_UID + slot
+        args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+        command = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all", "--no-new-privs", *command]
+    return _prlimit(limits, jobs, uid) + args + ["--", *command]
+
+
+def sandbox_environment(threads: int) -> dict[str, str]:
+    """The runner's environment: nothing of the grader's, a private home, one thread count, no GPU."""
+    return {
+        "PYTHONPATH": SANDBOX_KIT,
+        "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
+        "HOME": SANDBOX_HOME, "USER": "student", "LOGNAME": "student", "TMPDIR": "/tmp", "LANG": "C.UTF-8", "MPLBACKEND": "Agg", "MPLCONFIGDIR": "/tmp/home/.matplotlib",
+        "EDL_BUILD_DIR": "/tmp/home/build", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0", "MALLOC_ARENA_MAX": "2",
+        "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "CUDA_VISIBLE_DEVICES": "",
+        "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
+        # Outside Jupyter, tqdm's progress bars (MLflow's artifact downloads...) write to stderr, which fails a test
+        # cell under nbgrader's rule; in a notebook they are widgets. Graded runs show none.
+        "TQDM_DISABLE": "1",
+    }
+
+
+def run_notebook(files: dict[str, Path], job: dict, limits: Limits, deadline: float, jobs: int = 1, threads: int = 2, slot: int = 0) -> SandboxRun:
+    """Run one notebook's job in a fresh sandbox holding ``files`` (name -> host path); stop it at ``deadline``.
+
+    ``job`` is the runner's job (cells and limits; it never touches the disk, so the hidden tests are
+    not readable from the sandbox's files). Returns the events as the runner reported them.
+    """
+    staging = Path(tempfile.mkdtemp(prefix="edl-grade-"))
+    try:
+        staging.chmod(0o755)
+        for name, path in files.items():
+            shutil.copy(path, staging / name)
+            (staging / name).chmod(0o644)
+        return _run(staging, job, limits, deadline, jobs, threads, slot)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _run(staging: Path, job: dict, limits: Limits, deadline: float, jobs: int, threads: int, slot: int) -> SandboxRun:
+    job = {**job, "limits": dataclasses.asdict(limits)}
+    env = sandbox_environment(threads)
+    if bubblewrap():
+        command = bwrap_command(staging, limits, jobs, env, slot)
+        job.update(workdir=SANDBOX_WORK, input=SANDBOX_INPUT, spill="/tmp/.fd-output")
+        cwd, start_new_session = None, False
+    else:
+        private = Path(tempfile.mkdtemp(prefix="edl-sandbox-"))
+        env.update(HOME=str(private / "home"), TMPDIR=str(private), MPLCONFIGDIR=str(private / "home" / ".mpl"),
+                   EDL_BUILD_DIR=str(private / "home" / "build"), PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+        command = _prlimit(limits, jobs, os.getuid())[:-1] if shutil.which("prlimit") else []
+        command = (command + ["--"] if command else []) + [sys.executable, "-c", RUNNER]
+        job.update(workdir=str(private / "submission"), input=str(staging), spill=str(private / ".fd-output"))
+        cwd, start_new_session = private, True
+    started = time.monotonic()
+    process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                               cwd=cwd, start_new_session=start_new_session)
+    run = SandboxRun()
+    try:
+        process.stdin.write(json.dumps(job).encode())
+        process.stdin.close()
+    except BrokenPipeError:
+        pass
+    events: queue.Queue = queue.Queue()
+    reader = threading.Thread(target=_read_events, args=(process.stdout, events, limits.output_bytes * 4 + 2**20), daemon=True)
+    reader.start()
+    errors: list[bytes] = []
+    threading.Thread(target=lambda: errors.append(process.stderr.read(64 * 2**10)), daemon=True).start()
+    try:
+        _follow(run, job, events, limits, deadline)
+    finally:
+        try:
+            process.wait(timeout=5 if run.finished else 0.1)
+        except subprocess.TimeoutExpired:
+            stop_tree(process.pid, grace=0)  # bubblewrap takes its process namespace with it; the fallback needs the tree
+        run.returncode = process.wait()
+        reader.join(timeout=5)
+        run.seconds = time.monotonic() - started
+        run.log = b"".join(errors).decode(errors="replace")
+        if not bubblewrap():
+            shutil.rmtree(cwd, ignore_errors=True)
+    return run
+
+
+def _read_events(stream, events: queue.Queue, max_line: int) -> None:
+    while True:
+        line = stream.readline(max_line)
+        if not line:
+            events.put(None)
+            return
+        if not line.endswith(b"\n"):
+            events.put(("oversized", len(line)))
+            events.put(None)
+            return
+        try:
+            events.put(json.loads(line))
+        except ValueError:
+            events.put(("garbled", line[:200]))
+
+
+def _follow(run: SandboxRun, job: dict, events: queue.Queue, limits: Limits, deadline: float) -> None:
+    """Read the runner's events in the order the job defines; stop at the wall limit, a stuck cell or tampering."""
+    expected = [c["index"] for c in job["cells"]]
+    position, in_cell, cell_started = 0, False, time.monotonic()
+    while True:
+        now = time.monotonic()
+        cell_deadline = cell_started + limits.cell_s + min(30.0, max(2.0, limits.cell_s / 2)) if in_cell else deadline
+        wait = min(deadline, cell_deadline) - now
+        if wait <= 0:
+            if now >= deadline:
+                run.stopped = f"wall-time limit ({limits.wall_s:g} s for the submission)"
+            else:
+                run.stopped = f"per-cell time limit ({limits.cell_s:g} s): the cell ignored the interrupt and was stopped"
+            return
+        try:
+            event = events.get(timeout=min(wait, 1.0))
+        except queue.Empty:
+            continue
+        if event is None:
+            return
+        if isinstance(event, tuple):
+            run.tampered = f"wrote {event[0]} data to the grader's channel"
+            return
+        kind, index = event.get("event"), event.get("cell")
+        if kind == "done" and position == len(expected) and not in_cell:
+            run.finished = True
+            return
+        wanted = expected[position] if position < len(expected) else None
+        if kind == "start" and not in_cell and index == wanted:
+            run.cells[index] = CellEvent(index)
+            in_cell, cell_started = True, time.monotonic()
+        elif kind == "end" and in_cell and index == wanted:
+            run.cells[index].outcome = event
+            in_cell, position = False, position + 1
+        else:
+            run.tampered = f"sent a message the grader did not expect ({kind!r} for cell {index!r} while waiting for cell {wanted})"
+            return

@@ -1,0 +1,309 @@
+"""A hostile class: submissions that cheat, snoop, crash or sabotage, graded in parallel sandboxes in one run.
+
+The assignment is tiny (two tasks, a support module the tests call, a visible and a hidden test per
+task), so the whole corpus grades in well under a minute; the real assignments go through the same
+pipeline in tests/test_assignments.py.
+"""
+from __future__ import annotations
+
+import hashlib
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import nbformat
+import psutil
+import pytest
+
+from helpers.course import autograde, grading, sandbox
+from helpers.course.grading import Course, read_status
+
+from .grading_support import ROOT, environment, submit
+
+A, PART = "hw2_profiling", "part1_sums.ipynb"
+HIDDEN_LINE = "expect(f1(10), 11, 'the hidden check of f1')"
+LAB = "def expect(value, wanted, what='value'):\n    assert value == wanted, f'{what}: got {value!r}, expected {wanted!r}'\n"
+
+
+def _cell(source, **nbgrader):
+    meta = {"grade": False, "solution": False, "locked": False, "schema_version": 3, **nbgrader}
+    return nbformat.v4.new_code_cell(source, metadata={"nbgrader": meta})
+
+
+def source_notebook():
+    """Task 1 (2 points): f1(x) = x + 1, checked with the support module's expect(); task 2 (3 points): f2(x) = 2x, with math.isclose."""
+    cells = [
+        _cell("import math\nfrom tinylab import expect", locked=True, grade_id="setup"),
+        _cell("def f1(x):\n    ### BEGIN SOLUTION\n    return x + 1\n    ### END SOLUTION", solution=True, grade_id="task1_f1"),
+        _cell(f"expect(f1(1), 2)\n### BEGIN HIDDEN TESTS\n{HIDDEN_LINE}\n### END HIDDEN TESTS", grade=True, locked=True, points=2.0, grade_id="task1_test"),
+        _cell("def f2(x):\n    ### BEGIN SOLUTION\n    return 2 * x\n    ### END SOLUTION", solution=True, grade_id="task2_f2"),
+        _cell("assert math.isclose(f2(1.5), 3.0)\n### BEGIN HIDDEN TESTS\nassert math.isclose(f2(-7.25), -14.5), 'hidden f2'\n### END HIDDEN TESTS",
+              grade=True, locked=True, points=3.0, grade_id="task2_test"),
+    ]
+    return nbformat.v4.new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
+
+
+def solution(nb, grade_id, code):
+    nb = nbformat.reads(nbformat.writes(nb), as_version=4)
+    for cell in nb.cells:
+        if cell.metadata.get("nbgrader", {}).get("grade_id") == grade_id:
+            cell.source = code
+    return nb
+
+
+def added(nb, code, at=1):
+    """A copy of ``nb`` with a plain cell of the student's inserted at position ``at``."""
+    nb = nbformat.reads(nbformat.writes(nb), as_version=4)
+    nb.cells.insert(at, nbformat.v4.new_code_cell(code))
+    return nb
+
+
+def wrong(nb):
+    return solution(solution(nb, "task1_f1", "def f1(x):\n    return 0"), "task2_f2", "def f2(x):\n    return 0.0")
+
+
+def digest(folder: Path) -> str:
+    h = hashlib.sha256()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        h.update(str(path).encode() + path.read_bytes())
+    return h.hexdigest()
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory):
+    """Release the tiny assignment, submit the corpus, grade it with JOBS=2; returns what the checks need."""
+    root = tmp_path_factory.mktemp("hostile") / "course"
+    root.mkdir()
+    for name in ("nbgrader_config.py", "roster.csv"):
+        (root / name).write_text((ROOT / "assignments" / name).read_text())
+    (root / "source" / A).mkdir(parents=True)
+    nbformat.write(source_notebook(), root / "source" / A / PART)
+    (root / "source" / A / "tinylab.py").write_text(LAB)
+    course = Course(root)
+    grading.release(course)
+    good = source_notebook()
+    base = nbformat.read(root / "release" / A / PART, as_version=4)
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.2)
+    port = listener.getsockname()[1]
+    connections = []
+
+    def accept():
+        while not stop.is_set():
+            try:
+                connections.append(listener.accept())
+            except OSError:
+                pass
+
+    stop = threading.Event()
+    threading.Thread(target=accept, daemon=True).start()
+    sneaky = wrong(good)
+    corpus = {
+        "honest": good,
+        "victim": good,
+        "transformer": added(base, "ip = get_ipython()\nip.input_transformers_cleanup.append(lambda lines: ['pass\\n'])\n"
+                                   "ip.input_transformer_manager.cleanup_transforms.append(lambda lines: ['pass\\n'])"),
+        "custom_exc": added(base, "get_ipython().set_custom_exc((BaseException,), lambda *args, **kwargs: None)\n"
+                                  "import sys\nsys.excepthook = lambda *args: None"),
+        "rebinds_helper": added(sneaky, "expect = lambda *args, **kwargs: None", at=2),
+        "patches_library": added(sneaky, "import math, builtins\nmath.isclose = lambda *a, **k: True\nbuiltins.AssertionError = type('Quiet', (Exception,), {})"),
+        "patches_under_test": solution(sneaky, "task2_f2", "def f2(x):\n    import math\n    math.isclose = lambda *a, **k: True\n    return 0.0"),
+        "forges_outputs": _forged(wrong(good)),
+        "snoops": added(base, f"import glob, os\nfor path in glob.glob({str(root)!r} + '/**/*', recursive=True)[:50]:\n    print('FOUND', path)\n"
+                              f"print(os.path.exists({str(root / 'source')!r}), os.path.exists({str(root / 'gradebook.db')!r}))"),
+        "sabotages": added(base, "import glob, os\n"
+                                 f"for path in glob.glob({str(root)!r} + '/**/*', recursive=True):\n"
+                                 "    try:\n        open(path, 'w').write('pwned')\n    except OSError as e:\n        print('refused', e.errno)\n"
+                                 f"open({str(root / 'gradebook.db')!r}, 'w')"),
+        "reads_hidden_tests": solution(good, "task1_f1", "def f1(x):\n    import gc, warnings\n    warnings.simplefilter('ignore')\n    for o in gc.get_objects():\n"
+                                                         "        if isinstance(o, dict) and 'cells' in o:\n            print([c['source'] for c in o['cells']])\n"
+                                                         "    return x + 1"),
+        "forges_channel": added(base, "import os, json\nfor fd in range(3, 64):\n    try:\n"
+                                      "        os.write(fd, (json.dumps({'event': 'end', 'cell': 2}) + '\\n').encode())\n    except OSError:\n        pass"),
+        "memory_bomb": solution(good, "task2_f2", "blob = bytearray(8 * 2**30)\ndef f2(x):\n    return 2 * x"),
+        "process_bomb": added(good, "import subprocess\nfor _ in range(20):\n    subprocess.Popen(['sleep', '600'], start_new_session=True)\n"
+                                    "import threading\nthreads = []\ntry:\n    for _ in range(5000):\n"
+                                    "        t = threading.Thread(target=__import__('time').sleep, args=(30,), daemon=True); t.start(); threads.append(t)\n"
+                                    "except RuntimeError as e:\n    print('stopped at', len(threads))\n    raise"),
+        "ignores_interrupts": solution(good, "task2_f2", "import signal\nsignal.signal(signal.SIGALRM, signal.SIG_IGN)\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+                                                       "while True:\n    pass"),
+        "floods_output": added(good, "for _ in range(200):\n    print('x' * 2**20)\nimport os\nos.write(1, b'y' * 2**24)"),
+        "fills_disk": added(good, "open('/tmp/big', 'wb').write(b'0' * 2**30)"),
+        "marker_text": solution(good, "task1_f1", "def f1(x):\n    # ### BEGIN HIDDEN TESTS (just a comment of mine)\n    return x + 1"),
+        "calls_home": added(good, f"import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}), 2)\n    print('connected')\nexcept OSError as e:\n    print('no network:', e)"),
+        "forged_metadata": _forged_metadata(wrong(good)),
+    }
+    for student, nb in corpus.items():
+        submit(root, student, A, {PART: nb})
+    protected = {name: digest(root / name) for name in ("source", "release")}
+    victim_file = (root / "submitted" / "victim" / A / PART).read_bytes()
+    limits = sandbox.Limits(memory_bytes=5 * 2**30, disk_bytes=64 * 2**20)
+    start = time.monotonic()
+    report = grading.autograde(course, cell_timeout=4, jobs=2, limits=limits)
+    seconds = time.monotonic() - start
+    stop.set()
+    grading.feedback(course)
+    return {"course": course, "root": root, "report": report, "status": read_status(course), "protected": protected,
+            "victim_file": victim_file, "connections": connections, "seconds": seconds, "limits": limits}
+
+
+def _forged(nb):
+    """Test cells carrying outputs of a passing run, and no error."""
+    for cell in nb.cells:
+        if cell.metadata.get("nbgrader", {}).get("grade"):
+            cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="all tests passed\n")]
+            cell.execution_count = 1
+    return nb
+
+
+def _forged_metadata(nb):
+    """Test cells turned into ordinary cells, a grade id without metadata fields, a duplicated test id."""
+    for cell in nb.cells:
+        meta = cell.metadata.get("nbgrader", {})
+        if meta.get("grade_id") == "task1_test":
+            cell.metadata["nbgrader"] = {"grade": False, "solution": True, "grade_id": "task1_f1"}
+            cell.source = "pass"
+        elif meta.get("grade_id") == "task2_test":
+            cell.metadata["nbgrader"] = {"grade": True}
+            cell.source = "pass"
+    return nb
+
+
+def score(hostile, student):
+    row = hostile["status"][(student, A)]
+    return row["status"], float(row["score"]), row["reason"]
+
+
+@pytest.mark.parametrize("student", ["transformer", "custom_exc", "rebinds_helper", "patches_library", "patches_under_test",
+                                     "forges_outputs", "snoops", "sabotages", "forged_metadata"])
+def test_cheats_earn_nothing(hostile, student):
+    status, points, reason = score(hostile, student)
+    assert points == 0.0, f"{student} scored {points}: {reason}"
+
+
+def test_honest_students_get_full_marks_next_to_the_cheats(hostile):
+    for student in ("honest", "victim", "reads_hidden_tests", "marker_text", "calls_home", "floods_output", "fills_disk"):
+        assert score(hostile, student)[:2] == ("graded", 5.0), (student, score(hostile, student))
+
+
+def test_what_a_cheat_replaced_is_named_for_the_ta(hostile):
+    assert "expect" in score(hostile, "rebinds_helper")[2]
+    assert "math.isclose" in score(hostile, "patches_library")[2]
+    assert "restored the deleted cell task1_test" in score(hostile, "forged_metadata")[2]
+    tampered = score(hostile, "forges_channel")
+    assert tampered[0] == "failed" and "grader's channel" in tampered[2] and tampered[1] == 0.0
+
+
+def test_a_submission_cannot_read_or_change_the_course_or_a_classmate(hostile):
+    root = hostile["root"]
+    for name, before in hostile["protected"].items():
+        assert digest(root / name) == before, f"{name}/ changed during grading"
+    assert (root / "submitted" / "victim" / A / PART).read_bytes() == hostile["victim_file"]
+    snooped = nbformat.read(root / "autograded" / "snoops" / A / PART, as_version=4)
+    printed = "".join(o.get("text", "") for c in snooped.cells for o in c.get("outputs", []))
+    assert "FOUND" not in printed and "False False" in printed, printed[:500]
+    assert not hostile["connections"], "a sandboxed submission reached a listener on the grader's loopback"
+
+
+def test_limits_give_zero_for_what_did_not_run_and_name_the_limit(hostile):
+    status, points, reason = score(hostile, "memory_bomb")
+    assert points == 2.0 and "memory limit (5 GiB" in reason, reason
+    status, points, reason = score(hostile, "ignores_interrupts")
+    assert points == 2.0 and "per-cell time limit (4 s)" in reason, reason
+    status, points, reason = score(hostile, "process_bomb")
+    assert "process limit" in reason, reason
+    assert "output limit" in score(hostile, "floods_output")[2]
+    assert "disk limit" in score(hostile, "fills_disk")[2]
+    leftovers = [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] and p.info["cmdline"][:2] == ["sleep", "600"]]
+    assert not leftovers, f"{len(leftovers)} processes a submission started outlived grading"
+
+
+def test_graded_notebooks_and_feedback_stay_small_and_never_show_hidden_tests(hostile):
+    root = hostile["root"]
+    for student in ("floods_output", "honest"):
+        assert (root / "autograded" / student / A / PART).stat().st_size < 3 * hostile["limits"].output_bytes
+    pages = list((root / "feedback").rglob("*.html"))
+    assert {p.parts[-3] for p in pages} >= {"honest", "marker_text", "reads_hidden_tests", "floods_output"}, "every graded student gets feedback"
+    for page in pages:
+        text = page.read_text()
+        assert HIDDEN_LINE not in text and "hidden f2" not in text, f"hidden test text in {page}"
+        assert page.stat().st_size < 4 * 2**20
+
+
+def test_the_status_file_and_the_gradebook_agree(hostile):
+    report = grading.course_grades(hostile["course"])
+    honest = next(r for r in report.students if r.student_id == "honest")
+    assert honest.percents[A] == 100.0
+
+
+def test_a_gradebook_changed_behind_the_graders_back_is_an_error(hostile, tmp_path):
+    import shutil
+
+    copy = tmp_path / "course"
+    shutil.copytree(hostile["root"], copy)
+    course = Course(copy)
+    with course.gradebook() as gb:
+        for grade in gb.find_submission(A, "transformer").notebooks[0].grades:
+            grade.manual_score = grade.max_score
+        gb.db.commit()
+    with pytest.raises(grading.GradingError, match="transformer/hw2_profiling: gradebook 5, autograde status 0"):
+        grading.course_grades(course)
+
+
+def test_rerun_keeps_what_is_graded_and_regrade_gives_identical_grades(hostile, capsys):
+    course = hostile["course"]
+    chosen = ["honest", "transformer", "memory_bomb", "rebinds_helper"]
+    before = {s: score(hostile, s)[:2] for s in chosen}
+    grading.autograde(course, student_ids=chosen, cell_timeout=4, jobs=2, limits=hostile["limits"])
+    assert "4 submission(s) already graded" in capsys.readouterr().out
+    grading.autograde(course, student_ids=chosen, cell_timeout=4, jobs=1, regrade=True, limits=hostile["limits"])
+    after = read_status(course)
+    assert {s: (after[(s, A)]["status"], float(after[(s, A)]["score"])) for s in chosen} == before
+
+
+def test_a_killed_grader_resumes_where_it_stopped(hostile, tmp_path):
+    import shutil
+
+    copy = tmp_path / "course"
+    shutil.copytree(hostile["root"], copy, ignore=shutil.ignore_patterns("autograded", "feedback", "autograde_status.csv"))
+    command = [sys.executable, "-m", "helpers.course.grading", "--course", str(copy), "autograde", "--jobs", "1",
+               "-s", "honest", "-s", "victim", "-s", "marker_text", "-s", "calls_home"]
+    grader = subprocess.Popen(command, cwd=ROOT, env=environment(), stdout=subprocess.PIPE, text=True)
+    for line in grader.stdout:
+        if line.startswith("[1/4]"):
+            grader.kill()
+            break
+    grader.wait()
+    first = read_status(Course(copy))
+    assert len(first) == 1, "the status row of a finished submission is saved at once"
+    rerun = subprocess.run(command, cwd=ROOT, env=environment(), capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0 and "1 submission(s) already graded" in rerun.stdout and "[3/3]" in rerun.stdout, rerun.stdout
+    final = read_status(Course(copy))
+    assert {k[0]: float(v["score"]) for k, v in final.items()} == {"honest": 5.0, "victim": 5.0, "marker_text": 5.0, "calls_home": 5.0}
+
+
+def test_without_bubblewrap_grading_still_works_and_says_so_loudly(hostile, tmp_path, monkeypatch, capsys):
+    import shutil
+
+    copy = tmp_path / "course"
+    shutil.copytree(hostile["root"], copy, ignore=shutil.ignore_patterns("autograded", "feedback", "autograde_status.csv"))
+    monkeypatch.setattr(sandbox, "bubblewrap", lambda: None)
+    report = grading.autograde(Course(copy), student_ids=["honest", "rebinds_helper"], cell_timeout=4, jobs=2)
+    assert "WARNING: bubblewrap (bwrap) is not available" in capsys.readouterr().out
+    assert {(o.student_id, o.score) for o in report.rows} == {("honest", 5.0), ("rebinds_helper", 0.0)}
+
+
+def test_the_sandbox_is_really_used_here():
+    """CI installs bubblewrap (make sandbox-tool): the corpus above must have run sandboxed, not in the fallback."""
+    assert sandbox.bubblewrap(), sandbox.isolation()
+    assert autograde.RUNNER_VERSION
+
+
+def test_a_cell_past_the_cpu_time_limit_fails_and_names_it():
+    cells = [{"index": 0, "role": "student", "source": "while True:\n    pass"}, {"index": 1, "role": "test", "source": "print('after')"}]
+    run = sandbox.run_notebook({}, {"cells": cells}, sandbox.Limits(cpu_s=6, cell_s=60), time.monotonic() + 60)
+    assert run.cells[0].outcome["error"]["limit"] == "CPU-time limit (6 s)", run.cells[0].outcome
+    assert run.cells[0].outcome["seconds"] < 30
