@@ -122,7 +122,7 @@ def test_mistakes_on_the_cpu_show_the_warm_up_cost(capsys):
     report = bench.benchmark_mistakes("cpu", n=128, steps=5)
     _one_notice(capsys)
     assert len(report.rows) == 3
-    warm_up = report.by_name("no warm-up")
+    warm_up = report.find(mistake="no warm-up")
     assert warm_up.wrong_seconds > warm_up.right_seconds  # the first step also allocates Adam's state
 
 

@@ -134,7 +134,7 @@ def test_fit_link_recovers_alpha_and_beta():
 
 def test_comm_costs_table_and_unknown_scheme():
     costs = comm_costs(1e6, workers=(2, 8), link=Link(1e-5, 1e-9))
-    assert costs.get("ring", 8).seconds == pytest.approx(all_reduce_time("ring", 1e6, 8, Link(1e-5, 1e-9)))
+    assert costs.find(scheme="ring", workers=8).seconds == pytest.approx(all_reduce_time("ring", 1e6, 8, Link(1e-5, 1e-9)))
     assert "parameter server" in costs.table()
     costs.plot()
     with pytest.raises(ValueError, match="unknown scheme"):

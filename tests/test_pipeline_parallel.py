@@ -35,7 +35,7 @@ def test_unequal_stages_idle_more_than_the_formula_and_1f1b_holds_fewer_activati
 def test_a_real_pipeline_gives_the_unsplit_gradients_and_its_bubble_is_measured():
     run = pipeline_experiment(stages=2, micro_batches=(1, 4), batch=32, width=64, repeats=1)
     assert all(r.same_gradients for r in run.rows)
-    one, four = run.row(1), run.row(4)
+    one, four = run.find(micro_batches=1), run.find(micro_batches=4)
     assert one.measured_bubble >= 0.5 - 0.01  # one micro-batch: the two stages can never overlap
     assert 0 < four.measured_bubble < 1 and four.expected_bubble >= four.formula_bubble - 1e-9
     assert four.bytes_per_boundary == 2 * 32 * 64 * 4 and four.held == 4

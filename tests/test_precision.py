@@ -75,7 +75,7 @@ def test_autocast_runs_matmuls_low_and_the_loss_in_fp32():
 
 def test_loss_scaling_rescues_underflow_and_overflows_when_too_large():
     report = precision.loss_scaling("cpu", width=128, batch=128)
-    none, moderate, huge = report.outcome(1), report.outcome(2**16), report.outcome(2**40)
+    none, moderate, huge = report.find(scale=1), report.find(scale=2**16), report.find(scale=2**40)
     assert none.underflow_share > 0.3 and none.verdict == "gradients lost to underflow"
     assert moderate.underflow_share < 0.001 and moderate.nonfinite_share == 0 and moderate.relative_error < 0.05
     assert none.relative_error > 10 * moderate.relative_error

@@ -10,7 +10,7 @@ from typing import Mapping, Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
-from matplotlib.ticker import FuncFormatter, MaxNLocator
+from matplotlib.ticker import Formatter, FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
 STYLE = {
     "figure.figsize": (7.0, 4.2),
@@ -72,25 +72,62 @@ def color_for(label: str, index: int = 0) -> str:
     return CYCLE[index % len(CYCLE)]
 
 
-def new_axes(ax=None, *, title: str = "", xlabel: str = "", ylabel: str = "", logx: bool = False, logy: bool = False):
-    """Return ``ax`` (or a fresh one) with the title, labels and log scales set."""
+def new_axes(ax=None, *, title: str = "", xlabel: str = "", ylabel: str = "", logx: bool = False, logy: bool = False,
+             xunit: str | None = None, yunit: str | None = None):
+    """Return ``ax`` (or a fresh one) with the title, labels, log scales and tick units set.
+
+    ``xunit`` / ``yunit``: "bytes" (ticks like 64 KiB, 16 MiB) or "seconds" (100 us, 2.5 ms); else plain numbers.
+    A log axis gets at most about 8 labelled ticks, so long labels never collide.
+    """
     if ax is None:
         _, ax = plt.subplots()
     ax.set_title(title)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    if logx:
-        ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_formatter(FuncFormatter(_plain_number))
-    if logy:
-        ax.set_yscale("log")
-        ax.yaxis.set_major_formatter(FuncFormatter(_plain_number))
+    for axis, log, unit, base in ((ax.xaxis, logx, xunit, 2), (ax.yaxis, logy, yunit, 10)):
+        if log:
+            (ax.set_xscale if axis is ax.xaxis else ax.set_yscale)("log", base=base)
+            axis.set_major_locator(LogLocator(base=base, numticks=8))
+            axis.set_minor_formatter(NullFormatter())
+        if log or unit:
+            axis.set_major_formatter(FuncFormatter(lambda value, _pos, unit=unit: tick_label(value, unit)))
     return ax
 
 
+def tick_label(value: float, unit: str | None = None) -> str:
+    """A short tick label: 2 MiB for bytes, 100 us for seconds, 1,024 or 16.8M for plain numbers."""
+    if unit == "bytes":
+        return _binary_label(value)
+    if unit == "seconds":
+        return _seconds_label(value)
+    return _plain_number(value)
+
+
 def _plain_number(value: float, _position=None) -> str:
-    """Tick labels as plain numbers (1,024 rather than 2^10 or 1e3)."""
-    return f"{value:,.0f}" if value >= 1 else f"{value:g}"
+    """Plain numbers (1,024 rather than 2^10 or 1e3); millions and more as 16.8M, 2.1G."""
+    if abs(value) >= 1e6:
+        for scale, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M")):
+            if abs(value) >= scale:
+                return f"{value / scale:.3g}{suffix}"
+    return f"{value:,.0f}" if abs(value) >= 1 else f"{value:g}"
+
+
+def _binary_label(value: float) -> str:
+    if not value:
+        return "0"
+    for power, unit in ((4, "TiB"), (3, "GiB"), (2, "MiB"), (1, "KiB"), (0, "B")):
+        if abs(value) >= 1024 ** power or power == 0:
+            return f"{value / 1024 ** power:.3g} {unit}"
+    raise AssertionError("unreachable")
+
+
+def _seconds_label(value: float) -> str:
+    if not value:
+        return "0"
+    for scale, unit in ((1, "s"), (1e-3, "ms"), (1e-6, "us"), (1e-9, "ns")):
+        if abs(value) >= scale or unit == "ns":
+            return f"{value / scale:.3g} {unit}"
+    raise AssertionError("unreachable")
 
 
 def line_chart(series: Mapping[str, tuple[Sequence[float], Sequence[float]]], ax=None, *, styles: Mapping[str, str] | None = None, **labels):
@@ -210,20 +247,21 @@ class _BinaryLocator(MaxNLocator):
 
 
 def bytes_axis(ax, axis: str = "y") -> None:
-    """Ticks at round binary sizes, labelled as such (512 MiB, 1.5 GiB)."""
-    from helpers.core.report import format_bytes
-
+    """Ticks at round binary sizes, all in one unit (0.4, 0.8, 1.2 GiB rather than 409.6 MiB, 819.2 MiB, 1.2 GiB)."""
     target = ax.yaxis if axis == "y" else ax.xaxis
     target.set_major_locator(_BinaryLocator(nbins=6, steps=[1, 2, 2.5, 4, 5, 10]))
-    target.set_major_formatter(FuncFormatter(lambda value, _pos: _short_bytes(value, format_bytes)))
+    target.set_major_formatter(_OneUnitBytes())
 
 
-def _short_bytes(value: float, format_bytes) -> str:
-    """'1.50 GiB' -> '1.5 GiB', '512.00 MiB' -> '512 MiB'."""
-    if not value:
-        return "0"
-    number, unit = format_bytes(value).split(" ")
-    return f"{float(number):g} {unit}"
+class _OneUnitBytes(Formatter):
+    """Byte ticks labelled in the single binary unit that suits the axis's largest value."""
+
+    def __call__(self, value, pos=None):
+        if not value:
+            return "0"
+        low, high = self.axis.get_view_interval()
+        power = max(0, min(4, int(math.log(max(abs(low), abs(high), 1), 1024))))
+        return f"{value / 1024 ** power:.3g} {('B', 'KiB', 'MiB', 'GiB', 'TiB')[power]}"
 
 
 def stacked_area(x: Sequence[float], parts: Mapping[str, Sequence[float]], ax=None, *, spans: Sequence[tuple[float, float, str]] = (), **labels):

@@ -142,10 +142,13 @@ class Report:
         return self.table()
 
     def _repr_html_(self) -> str:
-        head = "".join(f"<th>{html.escape(c.header)}</th>" for c in self.columns)
+        rows = [[c.render(r) for c in self.columns] for r in self.shown_rows()]
+        # Jupyter's stylesheet right-aligns every cell: text columns are set left, numbers right, as in table().
+        align = ["right" if rows and all(_looks_numeric(line[i]) for line in rows) else "left" for i in range(len(self.columns))]
+        head = "".join(f"<th style='text-align:{a}'>{html.escape(c.header)}</th>" for c, a in zip(self.columns, align))
         body = "".join(
-            "<tr>" + "".join(f"<td>{html.escape(c.render(r))}</td>" for c in self.columns) + "</tr>"
-            for r in self.shown_rows()
+            "<tr>" + "".join(f"<td style='text-align:{a}'>{html.escape(v)}</td>" for v, a in zip(line, align)) + "</tr>"
+            for line in rows
         )
         caption = f"<caption style='text-align:left'><b>{html.escape(self.title)}</b></caption>" if self.title else ""
         notes = "".join(f"<p><i>{html.escape(n)}</i></p>" for n in self.notes)

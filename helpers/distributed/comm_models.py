@@ -157,9 +157,6 @@ class CommCosts(Report):
         super().__init__(rows, notes)
         self.link, self.batches_per_worker = link, batches_per_worker
 
-    def get(self, scheme: str, workers: int) -> SchemeCost:
-        return next(r for r in self.rows if r.scheme == scheme and r.workers == workers)
-
     def plot(self, ax=None, metric: str = "busiest_node"):
         """One line per scheme against N: ``busiest_node`` bytes (default), ``epoch_total`` or ``seconds``."""
         labels = {"busiest_node": "bytes in+out at the busiest node", "epoch_total": "bytes per epoch, all nodes", "seconds": "seconds per all-reduce (model)"}

@@ -166,8 +166,8 @@ class LinkCalibration(Report):
     def plot(self, ax=None):
         xs = [r.message_bytes for r in self.rows]
         return plots.measured_and_model({"one-way time": (xs, [r.seconds for r in self.rows])}, {"one-way time": (xs, [r.model_seconds for r in self.rows])},
-                                        ax, title="Point-to-point time between two workers", xlabel="message bytes (log scale)",
-                                        ylabel="seconds (log scale)", logx=True, logy=True)
+                                        ax, title="Point-to-point time between two workers", xlabel="message size (log scale)",
+                                        ylabel="one-way time (log scale)", logx=True, logy=True, xunit="bytes", yunit="seconds")
 
 
 def calibrate_link(sizes_bytes: Sequence[int] = (4, 4 * KIB, 64 * KIB, MIB, 8 * MIB), repeats: int = 10, timeout: float = 120) -> LinkCalibration:
@@ -213,9 +213,6 @@ class AllReduceSweep(Report):
         super().__init__(rows, notes)
         self.link = link
 
-    def get(self, implementation: str, world_size: int, message_bytes: int) -> AllReducePoint:
-        return next(r for r in self.rows if (r.implementation, r.world_size, r.message_bytes) == (implementation, world_size, message_bytes))
-
     def _series(self, keep, x_of) -> tuple[dict, dict]:
         measured, model = {}, {}
         for impl in dict.fromkeys(r.implementation for r in self.rows):
@@ -230,14 +227,14 @@ class AllReduceSweep(Report):
         world_size = world_size or max(r.world_size for r in self.rows)
         measured, model = self._series(lambda r: r.world_size == world_size, lambda r: r.message_bytes)
         return plots.measured_and_model(measured, model, ax, title=f"All-reduce time, N = {world_size} workers",
-                                        xlabel="message bytes (log scale)", ylabel="seconds (log scale)", logx=True, logy=True)
+                                        xlabel="message size (log scale)", ylabel="time (log scale)", logx=True, logy=True, xunit="bytes", yunit="seconds")
 
     def plot_world_sizes(self, ax=None, message_bytes: int | None = None):
         """Time against N at one message size (default: the largest), measured solid, model dashed."""
         message_bytes = message_bytes or max(r.message_bytes for r in self.rows)
         measured, model = self._series(lambda r: r.message_bytes == message_bytes, lambda r: r.world_size)
         ax = plots.measured_and_model(measured, model, ax, title=f"All-reduce time against N, {format_bytes(message_bytes)}",
-                                      xlabel="workers N", ylabel="seconds")
+                                      xlabel="workers N", ylabel="time", yunit="seconds")
         ax.set_xticks(sorted({r.world_size for r in self.rows}))
         return ax
 

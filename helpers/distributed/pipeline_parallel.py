@@ -250,9 +250,6 @@ class PipelineRun(Report):
         self.title = f"{SCHEDULES[schedule]} on {stages} real processes (one stage each): measured bubble against the formula"
         super().__init__(rows, notes)
 
-    def row(self, micro_batches: int) -> PipelineRow:
-        return next(r for r in self.rows if r.micro_batches == micro_batches)
-
     def plot(self, ax=None):
         """The bubble against m: measured, and the formula."""
         ms = [r.micro_batches for r in self.rows]
@@ -267,7 +264,7 @@ class PipelineRun(Report):
     def plot_timeline(self, micro_batches: int | None = None, ax=None):
         """Each stage's forwards and backwards on the measured clock (milliseconds)."""
         m = micro_batches or max(self.timelines)
-        return _gantt(self.timelines[m], ax, f"Measured {SCHEDULES[self.schedule]}: p = {self.stages}, m = {m}, bubble {self.row(m).measured_bubble:.0%}",
+        return _gantt(self.timelines[m], ax, f"Measured {SCHEDULES[self.schedule]}: p = {self.stages}, m = {m}, bubble {self.find(micro_batches=m).measured_bubble:.0%}",
                       "time since the start (ms)", scale=1e3)
 
 

@@ -183,9 +183,6 @@ class Mistakes(Report):
         self.device = device
         self.notice = notice
 
-    def by_name(self, mistake: str) -> Mistake:
-        return next(r for r in self.rows if r.mistake == mistake)
-
     def plot(self, ax=None):
         return plots.grouped_bars(
             [r.mistake for r in self.rows],

@@ -283,9 +283,6 @@ class LossScaling(Report):
         super().__init__(rows, notes)
         self.notice = notice
 
-    def outcome(self, scale: float) -> ScalingOutcome:
-        return next(r for r in self.rows if r.scale == scale)
-
     def plot(self, ax=None):
         magnitudes = self.reference[self.reference != 0].abs().log2().cpu().tolist()
         marks = {f"{self.format.name} smallest subnormal": math.log2(self.format.smallest_subnormal),
