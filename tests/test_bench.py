@@ -20,9 +20,10 @@ def spin(seconds: float) -> None:
 
 
 def test_timeit_measures_a_function_of_known_duration():
-    # A busy-wait cannot finish early; on a loaded machine it can only be stretched, so the bound above is loose.
+    # A busy-wait cannot finish early (the lower bound is exact); on a loaded machine it is stretched by whatever
+    # else runs, so the upper bound only catches gross errors (a unit or a loop count off by 10x).
     measurement = bench.timeit(spin, 0.005, min_run_time=0.2)
-    assert 0.005 <= measurement.median < 0.008
+    assert 0.005 <= measurement.median < 0.05
 
 
 def test_timeit_reports_the_steady_state_not_the_first_call():
@@ -54,7 +55,7 @@ def test_timeit_and_torch_benchmark_time_the_same_work_with_the_same_threads():
 
 def test_matmul_gflops_is_two_n_cubed_over_time():
     assert bench.matmul_gflops(1000, 2.0) == pytest.approx(1.0)
-    assert bench.matmul_gflops(2048, 1e-3) == pytest.approx(2 * 2048**3 / 1e-3 / 1e9)
+    assert bench.matmul_gflops(2048, 1e-3) == pytest.approx(17_179.869184)  # 2 x 2048^3 flops in 1 ms, worked by hand
 
 
 def test_time_matmul_derives_throughput_and_share_of_peak():

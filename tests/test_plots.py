@@ -59,3 +59,10 @@ def test_html_tables_set_text_left_and_numbers_right():
 
     page = Tiny([{"name": "alpha", "value": 1.0}, {"name": "beta", "value": 22.5}])._repr_html_()
     assert "<td style='text-align:left'>alpha</td>" in page and "<td style='text-align:right'>22.5</td>" in page
+
+
+def test_a_log_axis_spanning_less_than_a_decade_still_has_several_labels():
+    ax = plots.line_chart({"time": ([1, 2, 4, 8], [60e-6, 70e-6, 80e-6, 400e-6])}, logx=True, logy=True, yunit="seconds")
+    texts = [t.get_text() for t in _visible_labels(ax, "y")]
+    assert len(texts) >= 3 and all(t.endswith("us") for t in texts), texts
+    plt.close(ax.figure)

@@ -19,7 +19,7 @@ def spin(seconds: float) -> None:
 
 
 def hot_function():
-    spin(0.02)
+    spin(0.05)  # 25x the cold function: on a loaded machine a preempted time slice cannot close that gap
 
 
 def cold_function():
@@ -36,7 +36,7 @@ def test_cprofile_ranks_the_function_that_takes_the_time():
     by_name = {r.function.split(" (")[0]: r for r in report.rows}
     assert report.rows[0].function.startswith(("spin", "<built-in method time.perf_counter>"))
     assert by_name["hot_function"].calls == 2 and by_name["two_parts"].calls == 2
-    assert by_name["hot_function"].total_seconds > 5 * by_name["cold_function"].total_seconds
+    assert by_name["hot_function"].total_seconds > 2 * by_name["cold_function"].total_seconds
     assert report.plain_seconds > 0 and report.overhead == pytest.approx(report.profiled_seconds / report.plain_seconds)
 
 

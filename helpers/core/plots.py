@@ -87,11 +87,25 @@ def new_axes(ax=None, *, title: str = "", xlabel: str = "", ylabel: str = "", lo
     for axis, log, unit, base in ((ax.xaxis, logx, xunit, 2), (ax.yaxis, logy, yunit, 10)):
         if log:
             (ax.set_xscale if axis is ax.xaxis else ax.set_yscale)("log", base=base)
-            axis.set_major_locator(LogLocator(base=base, numticks=8))
+            axis.set_major_locator(LogLocator(base=base, numticks=8) if base == 2 else _DecimalLogLocator())
             axis.set_minor_formatter(NullFormatter())
         if log or unit:
             axis.set_major_formatter(FuncFormatter(lambda value, _pos, unit=unit: tick_label(value, unit)))
     return ax
+
+
+class _DecimalLogLocator(LogLocator):
+    """Base-10 log ticks dense enough to read: 1..9 x 10^k within a decade, 1-2-5 over a few, fewer beyond."""
+
+    def __init__(self):
+        super().__init__(base=10, numticks=8)
+
+    def tick_values(self, vmin, vmax):
+        if vmin > 0 and vmax > 0:
+            decades = abs(math.log10(vmax / vmin))
+            subs = np.arange(1.0, 10.0) if decades <= 1 else (1.0, 2.0, 5.0) if decades <= 2.5 else (1.0, 3.0) if decades <= 4 else (1.0,)
+            self.set_params(subs=subs)
+        return super().tick_values(vmin, vmax)
 
 
 def tick_label(value: float, unit: str | None = None) -> str:

@@ -64,10 +64,16 @@ def run(quick: bool) -> BenchResult:
         parallel, grades_many = _grade(course, cores, regrade=True)
     report = GradingThroughput([sequential, parallel])
     speedup = parallel.per_minute / sequential.per_minute
-    targets = [Target.at_most("submissions whose grade differs between 1 and N jobs", float(len(grades_one ^ grades_many) // 2), 0)]
-    if cores >= 2 and not quick:
+    differing = float(len(grades_one ^ grades_many) // 2)
+    if quick:  # two submissions on a possibly busy machine: the pipeline runs end to end, the figures mean little
+        return BenchResult("grading", [report], [
+            Target("submissions whose grade differs between 1 and N jobs (quick mode: not judged)", differing, "<= 0", "n/a"),
+            Target.not_here("throughput, N jobs / 1 job", ">= 1.7x", "quick mode"),
+            Target.not_here(f"class of {CLASS_SIZE}", "<= 30 min", "quick mode")])
+    targets = [Target.at_most("submissions whose grade differs between 1 and N jobs", differing, 0)]
+    if cores >= 2:
         targets.append(Target.at_least(f"throughput, {cores} jobs / 1 job", speedup, 1.7, "x"))
     else:
-        targets.append(Target.not_here("throughput, N jobs / 1 job", ">= 1.7x", "quick mode or a single core"))
+        targets.append(Target.not_here("throughput, N jobs / 1 job", ">= 1.7x", "a single core"))
     targets.append(Target.at_most(f"class of {CLASS_SIZE} at {cores} jobs", parallel.class_minutes, 30.0, " min"))
     return BenchResult("grading", [report], targets)
