@@ -50,7 +50,7 @@ sandbox-tool:
 	else echo "note: bubblewrap (bwrap) is not installed: autograding runs submissions WITHOUT a sandbox (Debian/Ubuntu: sudo apt install bubblewrap)"; fi; }
 
 lab: setup
-	$(VENV)/bin/jupyter lab --notebook-dir=$(CURDIR) $(if $(filter 0,$(shell id -u)),--allow-root)
+	$(PY) -m helpers.course.lab
 
 lectures: setup
 	$(PY) -m helpers.course.notebooks run lectures --out build/lectures $(if $(DEVICE),-p device=$(DEVICE))

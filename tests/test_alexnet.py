@@ -100,3 +100,17 @@ def test_widget_redraws_the_report_when_its_controls_move():
     explorer.precision.value = "amp"
     assert explorer.report.precision == "amp" and explorer.report.batch_size == 64
     assert explorer.report.single_peak_bytes < explorer.compute(64, "fp32").single_peak_bytes
+
+
+def test_a_redraw_draws_the_same_chart_whatever_came_before():
+    """Typing 256 as the first change draws exactly what an explorer opened at 256 draws, even with pyplot's state changed."""
+    import matplotlib.pyplot as plt
+
+    explorer = alexnet_explorer(batch_size=128)
+    stray = plt.figure(figsize=(3, 2))  # another figure is current, and the defaults changed, as in a busy notebook
+    with plt.rc_context({"figure.figsize": (4, 3), "figure.dpi": 72, "savefig.bbox": None}):
+        explorer.batch.value = 256
+    plt.close(stray)
+    fresh = alexnet_explorer(batch_size=256)
+    assert explorer.png == fresh.png, "the same state must give the same image"
+    assert explorer.png[:8] == b"\x89PNG\r\n\x1a\n" and len(explorer.png) > 10_000

@@ -82,3 +82,20 @@ def test_a_failing_run_keeps_the_last_good_build_and_says_where_the_new_one_is(t
     assert main(["run", str(tmp_path / "nbs"), "--out", str(out)]) == 1
     assert (out / "flip.ipynb").read_text() == before
     assert "untouched" in capsys.readouterr().err and (tmp_path / "out.failed" / "flip.ipynb").exists()
+
+
+def test_html_copies_show_widgets_and_progress_with_no_network(tmp_path):
+    """The AlexNet explorer and a tqdm bar, exported: frozen to what they showed, no widget renderer, no unpinned asset."""
+    import re
+
+    notebook = write_notebook(tmp_path / "w.ipynb", "from helpers import alexnet_explorer\nalexnet_explorer(batch_size=64)",
+                              "from tqdm.auto import tqdm\nfor _ in tqdm(range(10), desc='steps'):\n    pass")
+    run = execute_notebook(notebook, tmp_path / "out")
+    assert run.status == "ok", run.error
+    page = run.html.read_text()
+    assert "application/vnd.jupyter.widget" not in page and "@*" not in page, "the page still needs the widget renderer"
+    assert "<b>batch size</b>: 64" in page, "the explorer's controls are shown as their setting"
+    assert page.count("data:image/png;base64") >= 1, "the explorer's chart is embedded as an image"
+    assert re.search(r"steps:\s*100%.*10/10", page, re.S), "the progress bar is shown as text"
+    for source in re.findall(r'<script src="([^"]+)"', page):
+        assert re.search(r"/\d+\.\d+(\.\d+)?/", source), f"unpinned script {source}"

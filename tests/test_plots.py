@@ -66,3 +66,14 @@ def test_a_log_axis_spanning_less_than_a_decade_still_has_several_labels():
     texts = [t.get_text() for t in _visible_labels(ax, "y")]
     assert len(texts) >= 3 and all(t.endswith("us") for t in texts), texts
     plt.close(ax.figure)
+
+
+def test_a_reference_line_label_sits_above_its_line():
+    fig, ax = plt.subplots()
+    ax.bar([0, 1], [5.0, 2.0])
+    plots.horizontal_line(ax, 3.0, "GTX 580 (3 GB)", color="red")
+    fig.canvas.draw()
+    label = next(t for t in ax.texts if t.get_text() == "GTX 580 (3 GB)")
+    line_y = ax.transData.transform((0, 3.0))[1]
+    assert label.get_window_extent(fig.canvas.get_renderer()).y0 > line_y, "the label's text crosses its own line"
+    plt.close(fig)

@@ -123,10 +123,18 @@ def execute_notebook(
 
 
 def export_html(notebook: Path) -> Path:
-    """Write ``notebook`` as a standalone HTML page beside it."""
+    """Write ``notebook`` as a standalone HTML page beside it, readable offline: widgets frozen to what they showed.
+
+    Images are embedded; no widget renderer is loaded (see helpers.course.static_widgets). MathJax and
+    require.js come from nbconvert's pinned CDN versions; offline, formulas show as their LaTeX source.
+    """
     from nbconvert import HTMLExporter
 
-    body, _ = HTMLExporter().from_filename(str(notebook))
+    from helpers.course.static_widgets import freeze_widgets
+
+    nb = nbformat.read(notebook, as_version=4)
+    freeze_widgets(nb)
+    body, _ = HTMLExporter().from_notebook_node(nb)
     target = notebook.with_suffix(".html")
     target.write_text(body, encoding="utf-8")
     return target
@@ -144,19 +152,24 @@ def run_all(roots: Sequence[str | Path], output_dir: str | Path, parameters: dic
     return RunReport(runs)
 
 
+def clean(nb) -> None:
+    """Remove outputs, execution counts and run metadata from a notebook (a NotebookNode or its JSON dict), in place."""
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "code":
+            cell["outputs"] = []
+            cell["execution_count"] = None
+        cell.get("metadata", {}).pop("execution", None)
+        cell.get("metadata", {}).pop("papermill", None)
+    for key in ("papermill", "widgets"):
+        nb["metadata"].pop(key, None)
+
+
 def strip_outputs(path: str | Path) -> bool:
     """Remove outputs, execution counts and run metadata from a stored notebook; True if it changed."""
     path = Path(path)
     nb = nbformat.read(path, as_version=4)
     before = nbformat.writes(nb)
-    for cell in nb.cells:
-        if cell.cell_type == "code":
-            cell.outputs = []
-            cell.execution_count = None
-        cell.metadata.pop("execution", None)
-        cell.metadata.pop("papermill", None)
-    for key in ("papermill", "widgets"):
-        nb.metadata.pop(key, None)
+    clean(nb)
     after = nbformat.writes(nb)
     if after != before:
         path.write_text(after + ("" if after.endswith("\n") else "\n"), encoding="utf-8")

@@ -23,6 +23,8 @@ from helpers.core.models import ALEXNET_INPUT, AlexNet2012, AlexNet2012Split, al
 from helpers.core.report import Column, Report, format_bytes
 from helpers.hardware.oom import largest_batch
 
+FIGURE_SIZE = (14, 4.8)  # the case study's two charts side by side
+
 PRECISIONS = ("fp32", "amp", "fp16")
 ASSUMED_CONTEXT_BYTES = 300 * 2**20
 # The two towers on two fake devices: cpu:0 and cpu:1 stand in for the paper's two GPUs.
@@ -121,9 +123,13 @@ class AlexNetCase(Report):
     def plot(self, ax=None):
         """Left: each layer's working set. Right: each card's memory by category, with the card's capacity."""
         if ax is None:
-            _, (left, right) = plt.subplots(1, 2, figsize=(14, 4.8), gridspec_kw={"width_ratios": [3, 2]})
+            _, (left, right) = plt.subplots(1, 2, figsize=FIGURE_SIZE, gridspec_kw={"width_ratios": [3, 2]})
         else:
             left, right = None, ax
+        return self.draw(left, right)
+
+    def draw(self, left, right):
+        """Draw the layer chart on ``left`` (when given) and the cards' memory on ``right``; returns ``right``."""
         if left is not None:
             self.layers.plot(left)
             left.set_title(f"working set per layer (training, batch {self.batch_size})")

@@ -5,14 +5,16 @@ can also be read (and tested) as numbers.
 """
 from __future__ import annotations
 
+import io
 from functools import lru_cache
 
 import ipywidgets as widgets
-import matplotlib.pyplot as plt
-from IPython.display import display
+from IPython.display import Image, display
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 from torch import nn
 
-from helpers.hardware.alexnet import PRECISIONS, AlexNetCase, profile_layer_alexnet
+from helpers.hardware.alexnet import FIGURE_SIZE, PRECISIONS, AlexNetCase, profile_layer_alexnet
 
 
 @lru_cache(maxsize=128)
@@ -44,16 +46,30 @@ class AlexNetExplorer:
     def redraw(self, _change=None) -> None:
         """Recompute the report for the controls' values and draw it (table and chart) in the output area."""
         self.report = self.compute(self.batch.value, self.precision.value)
+        self.png = render_png(self.report)
         with self.output:
             self.output.clear_output(wait=True)
             display(self.report)
-            figure = self.report.plot().figure
-            display(figure)
-            plt.close(figure)
+            display(Image(data=self.png))
         self.redraws += 1
 
     def _ipython_display_(self) -> None:
         display(self.widget)
+
+
+def render_png(report: AlexNetCase) -> bytes:
+    """The case study's chart as PNG bytes, drawn on a figure of its own with fixed size and resolution.
+
+    Nothing depends on pyplot's current figure or on the inline backend's settings at the moment of a
+    slider event, so every redraw of the same state gives the same image.
+    """
+    figure = Figure(figsize=FIGURE_SIZE, dpi=100)
+    FigureCanvasAgg(figure)
+    left, right = figure.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
+    report.draw(left, right)
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=100, bbox_inches="tight")
+    return buffer.getvalue()
 
 
 def alexnet_explorer(batch_size: int = 128, precision: str = "fp32", model: nn.Module | None = None) -> AlexNetExplorer:
