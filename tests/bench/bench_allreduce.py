@@ -39,7 +39,7 @@ def run(quick: bool) -> BenchResult:
     rows = []
     for world in world_sizes:
         for size in sizes:
-            ring, torch_ = sweep.get(RING, world, size).seconds, sweep.get(TORCH, world, size).seconds
+            ring, torch_ = sweep.find(implementation=RING, world_size=world, message_bytes=size).seconds, sweep.find(implementation=TORCH, world_size=world, message_bytes=size).seconds
             rows.append(RatioRow(world, size, ring, torch_, ring / torch_))
     ratios = RingVsTorch(rows, ["Both timed as the slowest rank's median over repeats, after a warm-up; gloo on this machine's CPU cores."])
     traffic = traffic_check(world_sizes=(2, 3) if quick else (2, 3, 4), numel=1001)
