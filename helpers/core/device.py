@@ -95,12 +95,14 @@ def is_gpu(device: str | torch.device) -> bool:
     return torch.device(device).type == "cuda"
 
 
-def gpu_notice(feature: str, device: str | torch.device) -> str | None:
-    """Print and return a one-line explanation when ``feature`` needs a GPU and ``device`` is not one."""
+def gpu_notice(feature: str, device: str | torch.device, echo: bool = True) -> str | None:
+    """A one-line explanation when ``feature`` needs a GPU and ``device`` is not one (printed unless ``echo`` is False:
+    a report that shows it in its notes passes False, so the cell shows it once)."""
     if is_gpu(device):
         return None
     message = f"No GPU here (device={torch.device(device)}), so this shows the CPU side instead (GPU-only: {feature})."
-    print(message)
+    if echo:
+        print(message)
     return message
 
 

@@ -242,9 +242,8 @@ def train_on_devices(
             setups.append((f"DataParallel x{torch.cuda.device_count()}", "cuda:0", gpu_batch_size * torch.cuda.device_count()))
         else:
             notices.append("DataParallel needs two or more GPUs; this machine has one, so it is left out.")
-            print(notices[-1])
-    else:
-        notices.append(gpu_notice("training on a GPU and with DataParallel", "cpu"))
+    else:  # shown once, in the report's notes
+        notices.append(gpu_notice("training on a GPU and with DataParallel", "cpu", echo=False))
     rows, reports = [], {}
     for setup, device, batch_size in setups:
         loader = make_MNIST_loader(batch_size=batch_size, num_workers=num_workers, subset=subset, verbose=not reports)
