@@ -19,6 +19,19 @@ SOLUTION_BEGIN, SOLUTION_END = "### BEGIN SOLUTION", "### END SOLUTION"
 HIDDEN_BEGIN, HIDDEN_END = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
 
 
+def split_hidden(source: str) -> tuple[list[str], list[str]]:
+    """A test cell's lines outside and inside its ### BEGIN/END HIDDEN TESTS regions (marker lines in neither)."""
+    visible, hidden, inside = [], [], False
+    for line in source.splitlines():
+        if HIDDEN_BEGIN in line:
+            inside = True
+        elif HIDDEN_END in line:
+            inside = False
+        else:
+            (hidden if inside else visible).append(line)
+    return visible, hidden
+
+
 def nbgrader_metadata(cell) -> dict:
     """The cell's nbgrader metadata, or {} for a plain cell."""
     return cell.get("metadata", {}).get("nbgrader", {})

@@ -91,7 +91,6 @@ class TrustedNotebook:
 
     name: str
     cells: list  # nbformat cells: release structure, gradebook sources for read-only and test cells
-    hidden_lines: list[str]
 
 
 @dataclass
@@ -116,7 +115,6 @@ def trusted_assignment(course, assignment_id: str) -> TrustedAssignment:
         for notebook in sorted(assignment.notebooks, key=lambda n: _part_order(n.name)):
             path = release / f"{notebook.name}.ipynb"
             nb = assignments.read(path)
-            hidden = []
             for cell in nb.cells:
                 grade_id = assignments.grade_id(cell)
                 if not grade_id or assignments.is_solution(cell):
@@ -125,9 +123,8 @@ def trusted_assignment(course, assignment_id: str) -> TrustedAssignment:
                     cell.source = gb.find_source_cell(grade_id, notebook.name, assignment_id).source
                 except MissingEntry:
                     continue
-                hidden += _hidden_lines(cell.source)
                 digest.update(f"{notebook.name}/{grade_id}\0{cell.source}\0".encode())
-            notebooks.append(TrustedNotebook(notebook.name, nb.cells, hidden))
+            notebooks.append(TrustedNotebook(notebook.name, nb.cells))
     support = {p.name: p for p in sorted(release.iterdir()) if p.is_file() and p.suffix != ".ipynb"}
     for path in support.values():
         digest.update(path.name.encode() + path.read_bytes())
@@ -137,18 +134,6 @@ def trusted_assignment(course, assignment_id: str) -> TrustedAssignment:
 def _part_order(name: str):
     match = re.match(r"part(\d+)_", name)
     return (0, int(match.group(1)), name) if match else (1, 0, name)
-
-
-def _hidden_lines(source: str) -> list[str]:
-    inside, lines = False, []
-    for line in source.splitlines():
-        if assignments.HIDDEN_BEGIN in line:
-            inside = True
-        elif assignments.HIDDEN_END in line:
-            inside = False
-        elif inside and len(line.strip()) >= 12:
-            lines.append(line.strip())
-    return lines
 
 
 # ---------------------------------------------------------------- 1. rebuild

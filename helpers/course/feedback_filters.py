@@ -65,27 +65,12 @@ class RemoveHiddenTests(NbGraderPreprocessor):
 
 
 def _hidden_lines(source: str) -> set[str]:
-    inside, lines = False, set()
-    for line in source.splitlines():
-        if assignments.HIDDEN_BEGIN in line:
-            inside = True
-        elif assignments.HIDDEN_END in line:
-            inside = False
-        elif inside and len(line.strip()) >= 12:
-            lines.add(line.strip())
-    return lines
+    """The hidden-test lines long enough to recognise when an output quotes them."""
+    return {line.strip() for line in assignments.split_hidden(source)[1] if len(line.strip()) >= 12}
 
 
 def _without_hidden_region(source: str) -> str:
-    kept, inside = [], False
-    for line in source.splitlines():
-        if assignments.HIDDEN_BEGIN in line:
-            inside = True
-        elif assignments.HIDDEN_END in line:
-            inside = False
-        elif not inside:
-            kept.append(line)
-    return "\n".join(kept)
+    return "\n".join(assignments.split_hidden(source)[0])
 
 
 def _redact(output, hidden: set[str]) -> None:
