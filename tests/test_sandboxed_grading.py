@@ -307,3 +307,11 @@ def test_a_cell_past_the_cpu_time_limit_fails_and_names_it():
     run = sandbox.run_notebook({}, {"cells": cells}, sandbox.Limits(cpu_s=6, cell_s=60), time.monotonic() + 60)
     assert run.cells[0].outcome["error"]["limit"] == "CPU-time limit (6 s)", run.cells[0].outcome
     assert run.cells[0].outcome["seconds"] < 30
+
+
+def test_scratch_mounts_come_before_the_binds_so_a_checkout_under_tmp_stays_visible(tmp_path):
+    """A kit cloned under /tmp (as CI may do) must not vanish under the sandbox's own /tmp."""
+    command = sandbox.bwrap_command(tmp_path, sandbox.Limits(), 1, {})
+    tmpfs = max(i for i, a in enumerate(command) if a == "--tmpfs")
+    binds = [i for i, a in enumerate(command) if a == "--ro-bind"]
+    assert binds and tmpfs < min(binds), "a tmpfs mounted after the binds hides whatever they put under it"

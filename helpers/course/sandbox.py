@@ -37,6 +37,7 @@ from helpers.core.procs import stop_tree
 
 SANDBOX_UID = 64000  # as root, job slot k runs as uid 64000 + k: each slot has a process limit of its own
 SANDBOX_INPUT = "/grading/in"
+SCRATCH = ("/tmp", "/dev/shm", "/var/tmp")  # private, size-limited tmpfs mounts (DVC keeps its site cache in /var/tmp)
 SANDBOX_KIT = "/opt/edl-kit"  # the kit's helpers package, read-only, first on the sandbox's PYTHONPATH
 SANDBOX_HOME = "/tmp/home"
 SANDBOX_WORK = "/tmp/submission"
@@ -128,7 +129,7 @@ def _process_count(uid: int) -> int:
 
 def _mount_points(paths: list[Path]) -> list[str]:
     """``--dir`` for every parent folder of the bind targets, readable by the sandbox's user."""
-    parents = sorted({str(p) for path in paths for p in path.parents if str(p) != "/"}, key=lambda p: p.count("/"))
+    parents = sorted({str(p) for path in paths for p in path.parents if str(p) not in ("/", *SCRATCH)}, key=lambda p: p.count("/"))
     args = []
     for parent in parents:
         args += ["--perms", "0755", "--dir", parent]
@@ -144,6 +145,10 @@ def bwrap_command(input_dir: Path, limits: Limits, jobs: int, env: dict[str, str
     read_only = [Path(p) for p in ("/usr", "/etc", "/sys") if Path(p).exists()] + python_homes
     args = [bubblewrap(), "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
             "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+    # Scratch space first: the read-only binds come after, so a kit or venv that lives under /tmp stays visible.
+    args += ["--proc", "/proc", "--dev", "/dev"]
+    for scratch in SCRATCH:
+        args += ["--size", str(limits.disk_bytes), "--perms", "1777", "--tmpfs", scratch]
     args += _mount_points([p for p in read_only if p.parent != Path("/")] + [Path(SANDBOX_INPUT), Path(SANDBOX_KIT) / "helpers"])
     for path in read_only:
         args += ["--ro-bind", str(path), str(path)]
@@ -154,11 +159,7 @@ def bwrap_command(input_dir: Path, limits: Limits, jobs: int, env: dict[str, str
             args += ["--symlink", os.readlink(target), str(target)]
         elif target.exists():
             args += ["--ro-bind", str(target), str(target)]
-    args += ["--proc", "/proc", "--dev", "/dev",
-             "--size", str(limits.disk_bytes), "--perms", "1777", "--tmpfs", "/tmp",
-             "--size", str(limits.disk_bytes), "--perms", "1777", "--tmpfs", "/dev/shm",
-             "--size", str(limits.disk_bytes), "--perms", "1777", "--tmpfs", "/var/tmp",  # DVC's site cache lives there
-             "--ro-bind", str(input_dir), SANDBOX_INPUT, "--chdir", "/tmp", "--clearenv"]
+    args += ["--ro-bind", str(input_dir), SANDBOX_INPUT, "--chdir", "/tmp", "--clearenv"]
     for key, value in env.items():
         args += ["--setenv", key, value]
     command = [sys.executable, "-c", RUNNER]
