@@ -63,13 +63,13 @@ def read(path: str | Path):
 
 def notebooks(folder: str | Path) -> list[Path]:
     """The assignment's notebooks, in part order (part1_..., part2_..., then any others by name)."""
-    found = [p for p in Path(folder).glob("*.ipynb")]
+    return sorted(Path(folder).glob("*.ipynb"), key=lambda path: part_order(path.name))
 
-    def order(path: Path):
-        match = PART_NAME.match(path.name)
-        return (0, int(match.group(1)), path.name) if match else (1, 0, path.name)
 
-    return sorted(found, key=order)
+def part_order(name: str):
+    """Sort key of a notebook name: partN_... by N, then any others by name (with or without .ipynb)."""
+    match = re.match(r"^part(\d+)_", name)
+    return (0, int(match.group(1)), name) if match else (1, 0, name)
 
 
 def task_points(nb) -> dict[int, float]:

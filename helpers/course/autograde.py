@@ -23,7 +23,6 @@ import dataclasses
 import hashlib
 import os
 import queue
-import re
 import shutil
 import threading
 import time
@@ -112,7 +111,7 @@ def trusted_assignment(course, assignment_id: str) -> TrustedAssignment:
     with course.gradebook() as gb:
         assignment = gb.find_assignment(assignment_id)
         max_score = float(assignment.max_score)
-        for notebook in sorted(assignment.notebooks, key=lambda n: _part_order(n.name)):
+        for notebook in sorted(assignment.notebooks, key=lambda n: assignments.part_order(n.name)):
             path = release / f"{notebook.name}.ipynb"
             nb = assignments.read(path)
             for cell in nb.cells:
@@ -129,11 +128,6 @@ def trusted_assignment(course, assignment_id: str) -> TrustedAssignment:
     for path in support.values():
         digest.update(path.name.encode() + path.read_bytes())
     return TrustedAssignment(assignment_id, notebooks, support, max_score, digest.hexdigest()[:16])
-
-
-def _part_order(name: str):
-    match = re.match(r"part(\d+)_", name)
-    return (0, int(match.group(1)), name) if match else (1, 0, name)
 
 
 # ---------------------------------------------------------------- 1. rebuild
