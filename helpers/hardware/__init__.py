@@ -15,4 +15,6 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     ".starvation": ["starvation_sweep"],
     ".systolic": ["compare_dataflows", "systolic_matmul"],
     ".workingset": ["estimate_training_for", "memory_levels"],
+    ".hierarchy": ["memory_spaces"],
+    ".kernels": ["gpu_kernel_timings", "kernel_matmul", "kernel_source", "matmul_kernels", "triton_check"],
 })

@@ -1,0 +1,347 @@
+"""Naive against tiled matrix-product kernels, checked against torch.matmul and timed against the vendor library.
+
+Kernels (``kernel_matmul(a, b, kernel)``):
+
+* on a GPU, in Triton (``triton_kernels``): ``"triton naive"`` (one program per
+  output element, no reuse) and ``"triton tiled"`` (one program per tile, blocks of
+  A and B reused through ``tl.dot``), against cuBLAS (``torch.matmul``);
+* on a CPU, compiled by numba (``cpu_kernels``): ``"naive"`` (i-j-k loop),
+  ``"reordered"`` (i-k-j: contiguous, SIMD) and ``"blocked"`` (i-k-j over panels of B
+  sized to stay in L2), against oneDNN/MKL (``torch.matmul``), all on one core.
+
+``matmul_kernels(sizes, device)`` times them into a report; without a GPU the Triton
+kernels are checked by ``triton_check()`` in Triton's interpreter (never timed).
+"""
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from helpers.core import plots
+from helpers.core.device import cpu_threads, gpu_notice, is_gpu, pick_device
+from helpers.core.report import Report, column, format_bytes, format_seconds
+from helpers.core.timing import timeit
+from helpers.hardware.workingset import memory_levels
+
+CPU_KERNELS = ("naive", "reordered", "blocked")
+GPU_KERNELS = ("triton naive", "triton tiled")
+LIBRARY = "torch.matmul"
+TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+NOTICEABLE = 1.15  # a ratio closer to 1 than this is called "within noise" on a busy machine
+DEFAULT_PANEL_L2_BYTES = 256 * 2**10  # L2 size assumed where the OS does not tell (not Linux)
+
+
+def triton_available() -> tuple[bool, str]:
+    """(True, version) when triton imports, else (False, why not)."""
+    try:
+        import triton
+    except ImportError as err:  # torch's CPU-only and macOS wheels come without it
+        return False, f"triton is not installed ({err}); torch's CUDA wheels for Linux ship it"
+    return True, triton.__version__
+
+
+# ---------------------------------------------------------------- running one kernel
+
+
+def check_operands(a: torch.Tensor, b: torch.Tensor, kernel: str) -> None:
+    """Clear errors for what the kernels cannot take: not tensors, not 2-D, shapes that do not chain, dtype, device."""
+    for name, t in (("a", a), ("b", b)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{kernel}: {name} must be a torch.Tensor, not {type(t).__name__}")
+        if t.dim() != 2:
+            raise ValueError(f"{kernel}: {name} must be a 2-D matrix, got shape {tuple(t.shape)}; for a batch, loop over it or use torch.matmul")
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"{kernel}: cannot multiply {tuple(a.shape)} by {tuple(b.shape)}: a's columns ({a.shape[1]}) must equal b's rows ({b.shape[0]})")
+    if a.dtype != b.dtype:
+        raise TypeError(f"{kernel}: a is {a.dtype} but b is {b.dtype}; convert both to one dtype")
+    if a.device != b.device:
+        raise ValueError(f"{kernel}: a is on {a.device} but b is on {b.device}; move both to one device")
+    if kernel in CPU_KERNELS:
+        if a.dtype != torch.float32:
+            raise TypeError(f"{kernel}: the CPU kernels take torch.float32, got {a.dtype}; use a.float()")
+        if a.device.type != "cpu":
+            raise ValueError(f"{kernel}: the CPU kernels take CPU tensors, got {a.device}; use a.cpu() (or a 'triton ...' kernel on a GPU)")
+    elif kernel in GPU_KERNELS:
+        if a.dtype not in TRITON_DTYPES:
+            raise TypeError(f"{kernel}: the Triton kernels take {', '.join(map(str, TRITON_DTYPES))}, got {a.dtype}")
+        if a.device.type != "cuda":
+            raise ValueError(f"{kernel}: compiled Triton kernels run on a CUDA GPU, got {a.device} tensors; "
+                             "without a GPU, triton_check() runs them in Triton's interpreter")
+    else:
+        raise ValueError(f"unknown kernel {kernel!r}; choose one of {', '.join(CPU_KERNELS + GPU_KERNELS)}")
+
+
+def panel_rows_for(n_columns: int, l2_bytes: int | None = None) -> int:
+    """Rows of B per panel in the blocked kernel: a panel of float32 rows filling half of L2 (at least 8 rows)."""
+    if l2_bytes is None:
+        l2 = [lv.bytes for lv in memory_levels(torch.device("cpu")) if lv.name.startswith("L2")]
+        l2_bytes = l2[0] if l2 else DEFAULT_PANEL_L2_BYTES
+    return max(8, l2_bytes // 2 // (4 * max(n_columns, 1)))
+
+
+def kernel_matmul(a: torch.Tensor, b: torch.Tensor, kernel: str = "blocked", panel_rows: int | None = None) -> torch.Tensor:
+    """a @ b computed by one of the teaching kernels (``CPU_KERNELS`` on CPU float32, ``GPU_KERNELS`` on CUDA)."""
+    check_operands(a, b, kernel)
+    if kernel in GPU_KERNELS:
+        from helpers.hardware import triton_kernels
+
+        out = torch.empty(a.shape[0], b.shape[1], dtype=a.dtype, device=a.device)
+        return triton_kernels.launch(kernel.split()[1], a.contiguous(), b.contiguous(), out)
+    from helpers.hardware import cpu_kernels
+
+    a_np, b_np = a.detach().contiguous().numpy(), b.detach().contiguous().numpy()
+    out = torch.empty(a.shape[0], b.shape[1], dtype=torch.float32)
+    if kernel == "naive":
+        cpu_kernels.naive_ijk(a_np, b_np, out.numpy())
+    elif kernel == "reordered":
+        cpu_kernels.reordered_ikj(a_np, b_np, out.numpy())
+    else:
+        rows = panel_rows or panel_rows_for(b.shape[1])
+        if rows < 1:
+            raise ValueError(f"blocked: panel_rows must be at least 1, got {rows}")
+        cpu_kernels.blocked_ikj(a_np, b_np, out.numpy(), rows)
+    return out
+
+
+def kernel_source(kernel: str) -> str:
+    """The source code of a kernel, to read in the notebook."""
+    if kernel in GPU_KERNELS:
+        from helpers.hardware import triton_kernels
+
+        body = {"triton naive": triton_kernels.naive_matmul_kernel, "triton tiled": triton_kernels.tiled_matmul_kernel}[kernel]
+        return inspect.getsource(body.fn)
+    if kernel in CPU_KERNELS:
+        from helpers.hardware import cpu_kernels
+
+        body = {"naive": cpu_kernels.naive_ijk, "reordered": cpu_kernels.reordered_ikj, "blocked": cpu_kernels.blocked_ikj}[kernel]
+        return inspect.getsource(body.py_func)
+    raise ValueError(f"unknown kernel {kernel!r}; choose one of {', '.join(CPU_KERNELS + GPU_KERNELS)}")
+
+
+# ---------------------------------------------------------------- correctness of the Triton kernels
+
+
+@dataclass
+class KernelCheck:
+    kernel: str = column("kernel")
+    shape: str = column("A x B")
+    mode: str = column("ran as")
+    max_error: float | None = column("max |error| vs torch.matmul", ".1e")
+    agrees: bool | None = column("agrees")
+
+
+class TritonCheck(Report):
+    """Do the Triton kernels compute a @ b? Compiled on a GPU, interpreted on a CPU."""
+
+    title = "Triton kernels against torch.matmul"
+
+
+def triton_check(m: int = 37, n: int = 29, k: int = 45, device: str | torch.device | None = None, timeout: float = 300) -> TritonCheck:
+    """Run both Triton kernels on random m x k and k x n matrices (sizes that are no multiple of any block) and compare.
+
+    On a GPU they are compiled and run in this process. Without one they run in
+    Triton's interpreter (numpy on the CPU) in a fresh Python process, because the
+    interpreter must be switched on before triton is first imported.
+    """
+    for name, value in (("m", m), ("n", n), ("k", k)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"triton_check: {name} must be a positive integer, got {value!r}")
+    device = pick_device(device)
+    ok, version = triton_available()
+    shape = f"{m}x{k} @ {k}x{n}"
+    if not ok:
+        return TritonCheck([KernelCheck(kernel, shape, "not run", None, None) for kernel in GPU_KERNELS], [version])
+    if is_gpu(device):
+        generator = torch.Generator().manual_seed(0)
+        a, b = (torch.randn(*s, generator=generator).to(device) for s in ((m, k), (k, n)))
+        expected = a @ b
+        errors = {kernel.split()[1]: (kernel_matmul(a, b, kernel) - expected).abs().max().item() for kernel in GPU_KERNELS}
+        mode = f"compiled for {torch.cuda.get_device_name(device)} (triton {version})"
+    else:
+        errors = _interpreted_errors(m, n, k, timeout)
+        mode = f"interpreter on the CPU (triton {version})"
+    tolerance = 1e-4 * k ** 0.5 + 1e-5  # fp32 rounding grows with the length of each dot product
+    rows = [KernelCheck(kernel, shape, mode, errors[kernel.split()[1]], errors[kernel.split()[1]] <= tolerance) for kernel in GPU_KERNELS]
+    notes = [f"Agrees: max |error| <= {tolerance:.1e} (float32 rounding over sums of {k} products)."]
+    if not is_gpu(device):
+        notes.append("The interpreter executes each program instance in numpy, one after another: it checks what a kernel computes, and says nothing about its speed.")
+    return TritonCheck(rows, notes)
+
+
+def _interpreted_errors(m: int, n: int, k: int, timeout: float) -> dict[str, float]:
+    """Max errors of both kernels from ``python -m helpers.hardware.triton_kernels`` run with TRITON_INTERPRET=1."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PATH": os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])}
+    command = [sys.executable, "-m", "helpers.hardware.triton_kernels", "--m", str(m), "--n", str(n), "--k", str(k)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"the Triton kernels failed in the interpreter (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])["max_error"]
+
+
+# ---------------------------------------------------------------- timing against the library
+
+
+@dataclass
+class KernelPoint:
+    kernel: str = column("kernel")
+    m: int = column("m", ",")
+    n: int = column("n", ",")
+    seconds: float = column("time", format_seconds)
+    gflops: float = column("GFLOP/s", ",.2f")
+    pct_of_library: float = column("% of library", ".1f")
+    max_error: float = column("max |error| vs torch", ".1e")
+    b_fits_in: str = column("B fits in")
+    b_bytes: int = 0
+
+
+class KernelTimings(Report):
+    """Seconds and GFLOP/s of each kernel at each size (m x n times n x n), against the library."""
+
+    def __init__(self, rows: Sequence[KernelPoint], device: torch.device, library: str, threads: int | None, notes: Sequence[str], naive_up_to: int | None):
+        self.device, self.library, self.threads, self.naive_up_to = device, library, threads, naive_up_to
+        where = torch.cuda.get_device_name(device) if is_gpu(device) else f"CPU, {threads} thread{'s' if threads != 1 else ''}"
+        self.title = f"Matrix-product kernels against {library} ({where})"
+        super().__init__(rows, notes)
+        self.notes = [*self.notes, *self.conclusions()]
+
+    @property
+    def kernels(self) -> list[str]:
+        return list(dict.fromkeys(r.kernel for r in self.rows))
+
+    def speedup(self, faster: str, slower: str, n: int) -> float | None:
+        """How many times less time ``faster`` took than ``slower`` at size n (None where either was not run)."""
+        found = {r.kernel: r for r in self.rows if r.n == n}
+        if faster not in found or slower not in found:
+            return None
+        return found[slower].seconds / found[faster].seconds
+
+    def conclusions(self) -> list[str]:
+        """Sentences drawn from the measured numbers (ratios at the largest size where both kernels ran)."""
+        if not self.rows:
+            return []
+        steps = list(zip(self.kernels[:-1], self.kernels[1:]))
+        out = []
+        for slower, faster in steps:
+            sizes = [r.n for r in self.rows if r.kernel == slower and self.speedup(faster, slower, r.n) is not None]
+            if not sizes:
+                continue
+            n = max(sizes)
+            ratio = self.speedup(faster, slower, n)
+            fits = self.find(kernel=faster, n=n).b_fits_in
+            out.append(f"At n={n:,} (B: {format_bytes(self.find(kernel=faster, n=n).b_bytes)}, fits in {fits}): {_compare(faster, slower, ratio)}.")
+        blocked_gain = [(r.n, self.speedup("blocked", "reordered", r.n)) for r in self.rows if r.kernel == "blocked"]
+        verdicts = {
+            "paid off": [n for n, g in blocked_gain if g and g >= NOTICEABLE],
+            "made no clear difference": [n for n, g in blocked_gain if g and 1 / NOTICEABLE < g < NOTICEABLE],
+            "cost time (its extra loop without any cache to win)": [n for n, g in blocked_gain if g and g <= 1 / NOTICEABLE],
+        }
+        found = [f"{verdict} at n = {', '.join(f'{n:,}' for n in sizes)}" for verdict, sizes in verdicts.items() if sizes]
+        if found:
+            out.append("Blocking (against the reordered loop) " + "; ".join(found) + ".")
+        return out
+
+    def plot(self, ax=None):
+        ax = plots.new_axes(ax, title=self.title, xlabel="matrix size n (log scale)", ylabel="GFLOP/s (log scale)", logx=True, logy=True)
+        if not self.rows:
+            ax.text(0.5, 0.5, "nothing timed: " + (self.notes[0] if self.notes else "no rows"), transform=ax.transAxes, ha="center", va="center", wrap=True, fontsize=9)
+            return ax
+        series = {kernel: ([r.n for r in self.rows if r.kernel == kernel], [r.gflops for r in self.rows if r.kernel == kernel]) for kernel in self.kernels}
+        plots.line_chart(series, ax, styles={self.library: "--"}, title=self.title, xlabel="matrix size n (log scale)", ylabel="GFLOP/s (log scale)", logx=True, logy=True)
+        if not is_gpu(self.device):
+            sizes = sorted({r.n for r in self.rows})
+            for level in memory_levels(torch.device("cpu"))[:-1]:
+                n_fill = (level.bytes / 4) ** 0.5  # B (n x n float32) fills the level
+                if sizes[0] / 1.5 <= n_fill <= sizes[-1] * 1.5:
+                    plots.vertical_line(ax, n_fill, f"B fills {level.name} ({format_bytes(level.bytes)})", color="#7f7f7f")
+        return ax
+
+
+def _compare(faster: str, slower: str, ratio: float) -> str:
+    if ratio >= NOTICEABLE:
+        return f"{faster} is {ratio:.1f}x faster than {slower}"
+    if ratio <= 1 / NOTICEABLE:
+        return f"{faster} is {1 / ratio:.1f}x SLOWER than {slower}"
+    return f"{faster} and {slower} are within noise of each other ({ratio:.2f}x)"
+
+
+def _fits_in(nbytes: int, device: torch.device) -> str:
+    levels = memory_levels(device)
+    return next((lv.name for lv in levels if nbytes <= lv.bytes), f"beyond {levels[-1].name}")
+
+
+def matmul_kernels(sizes: Sequence[int], device: str | torch.device | None = None, rows: int | None = None, naive_up_to: int | None = None,
+                   min_run_time: float = 0.1, dtype: torch.dtype = torch.float32) -> KernelTimings:
+    """Time each kernel on (m x n) @ (n x n) for each n in ``sizes`` against torch.matmul, and check each result.
+
+    ``rows``: m, the rows of A (a batch of inputs times an n x n weight matrix, as in a
+    linear layer); None: m = n, square products. B, the matrix every row of A reuses,
+    is the working set that outgrows the caches as n grows.
+
+    On a GPU: the two Triton kernels against cuBLAS. On a CPU: the three numba loops
+    against oneDNN/MKL, everything on one thread (the loops use one core).
+    ``naive_up_to``: the naive kernel runs only up to this n (it is slow: n^3 steps
+    with a cache miss in most of them). The fastest of several timed blocks is kept,
+    as other programs on a busy machine can only slow a block down.
+    """
+    sizes = list(sizes)
+    if not sizes or any(not isinstance(n, int) or n < 1 for n in sizes):
+        raise ValueError(f"matmul_kernels: sizes must be positive integers, got {sizes!r}")
+    if rows is not None and (not isinstance(rows, int) or rows < 1):
+        raise ValueError(f"matmul_kernels: rows must be a positive integer or None (square), got {rows!r}")
+    device = pick_device(device)
+    gpu = is_gpu(device)
+    if gpu and not triton_available()[0]:
+        raise RuntimeError(f"matmul_kernels on {device}: {triton_available()[1]}")
+    kernels = GPU_KERNELS if gpu else CPU_KERNELS
+    dtype = dtype if gpu else torch.float32
+    threads = None if gpu else 1
+    library = f"{LIBRARY} ({'cuBLAS' if gpu else 'oneDNN/MKL'})"
+    points = []
+    generator = torch.Generator().manual_seed(0)
+    with cpu_threads(threads):
+        for n in sorted(sizes):
+            m = rows or n
+            a = torch.randn(m, n, generator=generator).to(device=device, dtype=dtype)
+            b = torch.randn(n, n, generator=generator).to(device=device, dtype=dtype)
+            expected = torch.matmul(a, b)
+            b_bytes = b.numel() * b.element_size()
+            timed = {LIBRARY: lambda a=a, b=b: torch.matmul(a, b)}
+            for kernel in kernels:
+                if kernel.endswith("naive") and naive_up_to is not None and n > naive_up_to:
+                    continue
+                timed[kernel] = lambda a=a, b=b, kernel=kernel: kernel_matmul(a, b, kernel)
+            results = {}
+            for kernel, fn in timed.items():
+                error = 0.0 if kernel == LIBRARY else (fn().float() - expected.float()).abs().max().item()
+                seconds = min(timeit(fn, device=device, min_run_time=min_run_time, num_threads=threads or torch.get_num_threads()).times)
+                results[kernel] = (seconds, error)
+            library_seconds = results[LIBRARY][0]
+            for kernel in (*[k for k in kernels if k in results], LIBRARY):
+                seconds, error = results[kernel]
+                name = library if kernel == LIBRARY else kernel
+                points.append(KernelPoint(name, m, n, seconds, 2 * m * n * n / seconds / 1e9, 100 * library_seconds / seconds, error, _fits_in(b_bytes, device), b_bytes))
+    notes = []
+    if gpu:
+        notes.append(f"{dtype} inputs; float32 products are exact FP32 on both sides (no TF32). Times are the fastest block after a warm-up call (which compiles the Triton kernels).")
+    else:
+        notes.append("Every kernel and the library ran on ONE core (torch limited to 1 thread), so the comparison is per core; "
+                     "the blocked kernel walks B in panels of rows filling half of L2.")
+        if naive_up_to is not None and any(n > naive_up_to for n in sizes):
+            notes.append(f"The naive kernel ran only up to n={naive_up_to:,}: at its measured rate a larger product would take seconds to minutes.")
+    return KernelTimings(points, device, library, threads, notes, naive_up_to)
+
+
+def gpu_kernel_timings(sizes: Sequence[int], device: str | torch.device | None = None, **options) -> KernelTimings:
+    """The Triton kernels against cuBLAS on a GPU; without one, an empty report whose note says so (the CPU loops are the CPU side)."""
+    device = pick_device(device)
+    if is_gpu(device):
+        return matmul_kernels(sizes, device, **options)
+    notice = gpu_notice("compiled Triton kernels timed against cuBLAS; the numba loops are the CPU side", device, echo=False)
+    return KernelTimings([], device, f"{LIBRARY} (cuBLAS)", None, [notice], None)
