@@ -22,7 +22,7 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
                          "copy_compute_overlap", "cudnn_benchmark_demo", "matmul_gflops", "matmul_sweep",
                          "tensor_core_shapes", "time_matmul", "transfer_sweep", "profile_ops", "fit_batch",
                          "profile_layer_alexnet", "alexnet_explorer", "starvation_sweep", "compare_dataflows",
-                         "systolic_matmul", "estimate_training_for"],
+                         "systolic_matmul", "estimate_training_for", "operator_roofline", "dtype_speed"],
     "helpers.training": ["autocast_ops", "dynamic_loss_scaling", "loss_scaling", "number_formats",
                          "tensor_core_alignment", "amp_comparison", "step_memory", "BucketBatchSampler",
                          "pad_batch", "padding_strategies", "storage_formats", "synthetic_images",

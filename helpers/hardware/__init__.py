@@ -1,4 +1,4 @@
-"""Lecture 1 and the hardware-ecosystem lecture: benchmarks, op counts, working sets, AlexNet, systolic arrays.
+"""Lecture 1 and the hardware-ecosystem lecture: benchmarks, rooflines, op counts, working sets, AlexNet, systolic arrays.
 
 Public face of ``helpers.hardware``; names load on first use.
 """
@@ -9,6 +9,9 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
                "copy_compute_overlap", "cudnn_benchmark_demo", "matmul_gflops", "matmul_sweep",
                "tensor_core_shapes", "time_matmul", "transfer_sweep"],
     ".flops": ["profile_ops"],
+    ".roofline": ["Workload", "attention_workload", "conv_workload", "default_workloads", "elementwise_workload",
+                  "matmul_workload", "measure_bandwidth", "measure_roofline", "operator_roofline", "ridge_point", "roof"],
+    ".native_dtypes": ["dtype_speed"],
     ".oom": ["fit_batch"],
     ".alexnet": ["profile_layer_alexnet"],
     ".widgets": ["alexnet_explorer"],

@@ -1,0 +1,110 @@
+"""Does this device compute in fp16 and bf16 natively, and what does the answer cost? Read from the machine, then timed.
+
+The kit knows which formats a device has arithmetic for (``helpers.core.device``: instruction-set flags on a
+CPU, compute capability on a GPU). ``dtype_speed`` times one n x n matmul in fp32 and in each other format;
+``DtypeSpeed.sentences()`` words each outcome from those two facts, so what it says holds on a CPU with
+AVX512-FP16 or AMX, on one without, and on a GPU.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from helpers.core.device import cpu_flags, cpu_native_dtypes, gpu_dtypes, is_gpu, peak_flops, pick_device
+from helpers.core.report import Report, column, format_seconds
+from helpers.hardware.roofline import best_seconds, format_rate, matmul_workload
+
+# The CPU flags that give a format its own arithmetic; F16C only converts fp16 to and from fp32.
+ARITHMETIC_FLAGS = {"bf16": ("avx512_bf16", "amx_bf16"), "fp16": ("avx512_fp16", "amx_fp16")}
+SAME_SPEED = 1.15  # time ratios within this factor of 1 count as fp32's speed
+EMULATED = 3.0  # an unsupported format this many times slower than fp32 is on a per-element fallback
+
+
+def support_evidence(device: str | torch.device, dtype: str) -> tuple[bool, str]:
+    """Whether the kit counts ``dtype`` as native on ``device``, and what it reads that from."""
+    device = torch.device(device)
+    if is_gpu(device):
+        major, minor = torch.cuda.get_device_capability(device)
+        return dtype in gpu_dtypes(device), f"compute capability {major}.{minor}"
+    if dtype not in ARITHMETIC_FLAGS:
+        raise ValueError(f"dtype {dtype!r}: the kit reads CPU support for {', '.join(ARITHMETIC_FLAGS)} only")
+    flags = cpu_flags()
+    present = [f for f in ARITHMETIC_FLAGS[dtype] if f in flags]
+    evidence = f"CPU flag {', '.join(present)}" if present else f"no {' or '.join(ARITHMETIC_FLAGS[dtype])} CPU flag"
+    if dtype == "fp16" and "f16c" in flags:
+        evidence += "; F16C converts only"
+    return dtype in cpu_native_dtypes(), evidence
+
+
+def speed_sentence(device: str, dtype: str, native: bool, evidence: str, ratio: float, n: int) -> str:
+    """One sentence on ``dtype`` against fp32 from the kit's support verdict and the measured time ratio (dtype / fp32)."""
+    if not ratio > 0:
+        raise ValueError(f"ratio is {dtype}'s time over fp32's and must be positive, got {ratio!r}")
+    if ratio < 1 / SAME_SPEED:
+        speed = f"ran {1 / ratio:.1f}x faster than fp32"
+    elif ratio <= SAME_SPEED:
+        speed = f"ran at fp32's speed ({ratio:.2f}x its time)"
+    else:
+        speed = f"took {ratio:.1f}x fp32's time"
+    if native:
+        head = f"{dtype} on {device}: the kit reports native arithmetic ({evidence}), and an n = {n} matmul {speed}"
+        if ratio < 1 / SAME_SPEED:
+            return f"{head}: native units and half the bytes per number pay off."
+        return f"{head}: support alone did not make it faster at this size; try a larger n."
+    head = f"{dtype} on {device}: the kit finds no native arithmetic ({evidence}), and an n = {n} matmul {speed}"
+    if ratio > EMULATED:
+        return f"{head}: torch falls back to a generic loop that computes in fp32 value by value, so the format runs, emulated, far slower."
+    if ratio >= 1 / SAME_SPEED:
+        return f"{head}: the work is converted to fp32 and done by fp32 units, so the format saves memory here, not time."
+    return f"{head}, faster all the same: some library path beats fp32 here, so this CPU may have support the kit does not know of."
+
+
+@dataclass
+class DtypeTiming:
+    device: str = column("device")
+    dtype: str = column("dtype")
+    native: bool = column("native (kit)", lambda v: "yes" if v else "no")
+    evidence: str = column("read from")
+    peak: float | None = column("peak (kit)", format_rate)
+    seconds: float = column("time", format_seconds)
+    gflops: float = column("GFLOP/s", ",.1f")
+    time_vs_fp32: float = column("time vs fp32", lambda v: f"{v:.2f}x")
+    n: int = 0
+
+
+class DtypeSpeed(Report):
+    """One n x n matmul per device and format, beside what the kit knows about the format's support."""
+
+    title = "Number formats: native support and speed against fp32"
+
+    def sentences(self) -> str:
+        """One line per device and non-fp32 format, each following from its row."""
+        return "\n".join(speed_sentence(r.device, r.dtype, r.native, r.evidence, r.time_vs_fp32, r.n)
+                         for r in self.rows if r.dtype != "fp32")
+
+
+def dtype_speed(n: int = 256, device: str | torch.device | None = None, dtypes: Sequence[str] = ("bf16", "fp16"),
+                min_run_time: float = 0.1, rounds: int = 2) -> DtypeSpeed:
+    """Time an n x n matmul in fp32 and in each of ``dtypes`` on the CPU, and on ``device`` too when it is a GPU.
+
+    The formats are timed in ``rounds`` interleaved rounds, each keeping its fastest block, so a burst of
+    other work on the machine does not land on one format only.
+    """
+    unknown = [d for d in dtypes if d not in ARITHMETIC_FLAGS]
+    if unknown or not dtypes:
+        raise ValueError(f"dtypes {list(dtypes)!r}: compare fp32 against one or more of {', '.join(ARITHMETIC_FLAGS)}")
+    device = pick_device(device)
+    rows = []
+    for place in [torch.device("cpu")] + ([device] if is_gpu(device) else []):
+        workloads = {d: matmul_workload(n, place, d) for d in ("fp32", *dtypes)}
+        seconds = {d: float("inf") for d in workloads}
+        for _ in range(rounds):
+            for dtype, workload in workloads.items():
+                seconds[dtype] = min(seconds[dtype], best_seconds(workload, place, min_run_time))
+        for dtype, workload in workloads.items():
+            native, evidence = (True, "every device") if dtype == "fp32" else support_evidence(place, dtype)
+            rows.append(DtypeTiming(place.type, dtype, native, evidence, peak_flops(place, dtype), seconds[dtype],
+                                    workload.flops / seconds[dtype] / 1e9, seconds[dtype] / seconds["fp32"], n))
+    return DtypeSpeed(rows)

@@ -1,0 +1,437 @@
+"""The roofline of this device, and where real operators land under it.
+
+A processor has two ceilings: how fast it computes (peak FLOP/s) and how fast memory feeds it (bytes/s).
+An operator that does F FLOPs while moving B bytes has an arithmetic intensity of I = F / B FLOP/byte and
+can run no faster than ``min(peak, I x bandwidth)``: its *roof*. Below the ridge point, peak / bandwidth,
+the bandwidth term is the lower one and the operator is memory-bound; at or above it, compute-bound.
+
+Conventions (the same for every operator here):
+
+* bytes are *minimal* bytes: every input read once and every output written once, at the tensors' dtype.
+  A real kernel may move more (an unfused attention writes and rereads its L x L scores) or fetch less
+  from memory when its data stays in cache; both show up as distance from the roof, or a point above it.
+* a multiply-add is 2 FLOPs (as ``torch.utils.flop_counter`` counts); an element-wise add or ReLU is 1 FLOP
+  per output element; attention counts its two matrix products (4 B H L^2 d), not the softmax.
+
+``operator_roofline()`` measures a default set (matmuls of several sizes, add, ReLU, a 3x3 convolution,
+``scaled_dot_product_attention``); ``measure_roofline()`` takes any list of ``Workload``s.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+from typing import Callable, Iterator, Sequence
+
+import torch
+import torch.nn.functional as F
+from matplotlib.ticker import FuncFormatter
+
+from helpers.core import plots
+from helpers.core.device import DTYPES, cpu_model, gpu_spec, is_gpu, peak_bandwidth, peak_flops, pick_device
+from helpers.core.report import Report, column, format_bytes, format_seconds
+from helpers.core.timing import timeit
+
+STORAGE_DTYPES = ("fp64", "fp32", "bf16", "fp16")  # tf32 is a matmul mode of fp32 tensors, not a storage format
+
+
+# ---------------------------------------------------------------- the model
+
+
+def ridge_point(peak: float, bandwidth: float) -> float:
+    """The intensity (FLOP/byte) where the two roofs meet: below it bandwidth limits, above it arithmetic does."""
+    _check_positive(peak=peak, bandwidth=bandwidth)
+    return peak / bandwidth
+
+
+def roof(intensity: float, peak: float, bandwidth: float) -> float:
+    """The fastest an operator of this arithmetic intensity can run here: min(peak, intensity x bandwidth), FLOP/s."""
+    _check_positive(intensity=intensity, peak=peak, bandwidth=bandwidth)
+    return min(peak, intensity * bandwidth)
+
+
+def bound_by(intensity: float, ridge: float) -> str:
+    """'memory' below the ridge point, 'compute' at or above it."""
+    _check_positive(intensity=intensity, ridge=ridge)
+    return "memory" if intensity < ridge else "compute"
+
+
+def _check_positive(**values: float) -> None:
+    for name, value in values.items():
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+            raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+
+
+# ---------------------------------------------------------------- operators: FLOPs, bytes, and the call to time
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One operator at one size: FLOPs and minimal bytes by the conventions above, and how to run it.
+
+    ``prepare()`` allocates the tensors on the device and returns the call to time, so a workload holds
+    no memory until it is measured.
+    """
+
+    name: str
+    kind: str  # family on the chart: matmul, element-wise, convolution, attention
+    shape: str
+    dtype: str
+    flops: int
+    bytes: int
+    prepare: Callable[[], Callable[[], object]]
+
+    @property
+    def intensity(self) -> float:
+        return self.flops / self.bytes
+
+
+def _element_size(dtype: str) -> int:
+    if dtype not in STORAGE_DTYPES:
+        hint = " (TF32 is a matmul mode of fp32 tensors: use fp32)" if dtype == "tf32" else ""
+        raise ValueError(f"dtype {dtype!r} is not one the roofline measures{hint}; use one of {', '.join(STORAGE_DTYPES)}")
+    return DTYPES[dtype].itemsize
+
+
+def _check_sizes(**sizes: int) -> None:
+    for name, value in sizes.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be a positive whole number, got {value!r}")
+
+
+def _random(shape: tuple[int, ...], device: torch.device, dtype: str) -> torch.Tensor:
+    return torch.randn(shape, device=device).to(DTYPES[dtype])
+
+
+def matmul_workload(n: int, device: str | torch.device = "cpu", dtype: str = "fp32") -> Workload:
+    """``a @ b`` for n x n matrices: 2 n^3 FLOPs; reads a and b, writes the product: 3 n^2 elements."""
+    _check_sizes(n=n)
+    size, device = _element_size(dtype), torch.device(device)
+
+    def prepare():
+        a, b, out = _random((n, n), device, dtype), _random((n, n), device, dtype), _random((n, n), device, dtype)
+        return lambda: torch.matmul(a, b, out=out)
+
+    return Workload(f"matmul n={n}", "matmul", f"{n}x{n} @ {n}x{n}", dtype, 2 * n**3, 3 * n * n * size, prepare)
+
+
+ELEMENTWISE_OPS = {"add": "c = a + b (reads 2, writes 1 per element)", "relu": "y = max(x, 0) (reads 1, writes 1)"}
+
+
+def elementwise_workload(op: str, numel: int, device: str | torch.device = "cpu", dtype: str = "fp32") -> Workload:
+    """An element-wise op over ``numel`` elements: 1 FLOP per element; add moves 3 elements each, ReLU 2.
+
+    Outputs go to a tensor allocated once (``out=``), so the time is the operator's, not the allocator's.
+    """
+    if op not in ELEMENTWISE_OPS:
+        raise ValueError(f"element-wise op {op!r} is not known; use one of {', '.join(ELEMENTWISE_OPS)}")
+    _check_sizes(numel=numel)
+    size, device = _element_size(dtype), torch.device(device)
+
+    def prepare():
+        a, out = _random((numel,), device, dtype), _random((numel,), device, dtype)
+        if op == "relu":  # relu written as clamp_min, which can write into a tensor allocated once
+            return lambda: torch.clamp_min(a, 0, out=out)
+        b = _random((numel,), device, dtype)
+        return lambda: torch.add(a, b, out=out)
+
+    touched = 3 if op == "add" else 2
+    return Workload(op, "element-wise", f"{numel:,} elements", dtype, numel, touched * numel * size, prepare)
+
+
+def conv_workload(batch: int, channels: int = 64, size: int = 56, filters: int = 64, kernel: int = 3,
+                  device: str | torch.device = "cpu", dtype: str = "fp32") -> Workload:
+    """A ``kernel`` x ``kernel`` convolution, stride 1, padded to keep the size, no bias.
+
+    FLOPs: 2 x batch x filters x size^2 (outputs) x channels x kernel^2 (multiply-adds per output).
+    Bytes: the input, the weights and the output, once each.
+    """
+    _check_sizes(batch=batch, channels=channels, size=size, filters=filters, kernel=kernel)
+    if kernel % 2 == 0:
+        raise ValueError(f"kernel must be odd (padding kernel // 2 then keeps the size), got {kernel}")
+    element, device = _element_size(dtype), torch.device(device)
+    inputs, weights, outputs = batch * channels * size * size, filters * channels * kernel * kernel, batch * filters * size * size
+
+    def prepare():
+        x, w = _random((batch, channels, size, size), device, dtype), _random((filters, channels, kernel, kernel), device, dtype)
+        return lambda: F.conv2d(x, w, padding=kernel // 2)
+
+    shape = f"{batch}x{channels}x{size}x{size}, {filters} {kernel}x{kernel} filters"
+    flops = 2 * outputs * channels * kernel * kernel
+    return Workload(f"conv {kernel}x{kernel}", "convolution", shape, dtype, flops, (inputs + weights + outputs) * element, prepare)
+
+
+def attention_workload(batch: int, heads: int = 8, seq: int = 512, head_dim: int = 64,
+                       device: str | torch.device = "cpu", dtype: str = "fp32") -> Workload:
+    """``scaled_dot_product_attention`` on (batch, heads, seq, head_dim) queries, keys and values.
+
+    FLOPs: Q K^T and P V, 2 B H L^2 d each (the softmax is not counted). Bytes: Q, K, V read and the
+    output written once (4 B H L d elements), what a fused (flash) kernel moves; an unfused one moves more.
+    """
+    _check_sizes(batch=batch, heads=heads, seq=seq, head_dim=head_dim)
+    element, device = _element_size(dtype), torch.device(device)
+    per_tensor = batch * heads * seq * head_dim
+
+    def prepare():
+        q, k, v = (_random((batch, heads, seq, head_dim), device, dtype) for _ in range(3))
+        return lambda: F.scaled_dot_product_attention(q, k, v)
+
+    flops = 4 * batch * heads * seq * seq * head_dim
+    shape = f"B={batch} H={heads} L={seq} d={head_dim}"
+    return Workload(f"attention L={seq}", "attention", shape, dtype, flops, 4 * per_tensor * element, prepare)
+
+
+def default_workloads(device: str | torch.device = "cpu", dtype: str = "fp32", matmul_sizes: Sequence[int] = (64, 256, 1024),
+                      elementwise_numel: int = 2**24, conv_batch: int = 8, attention_seq: int = 512,
+                      attention_batch: int = 4) -> list[Workload]:
+    """Matmuls at ``matmul_sizes``, add and ReLU, one 3x3 convolution (64 -> 64 channels, 56x56) and one attention."""
+    if not matmul_sizes:
+        raise ValueError("matmul_sizes is empty: give at least one size, e.g. (64, 256, 1024)")
+    return [
+        *(matmul_workload(n, device, dtype) for n in matmul_sizes),
+        elementwise_workload("add", elementwise_numel, device, dtype),
+        elementwise_workload("relu", elementwise_numel, device, dtype),
+        conv_workload(conv_batch, device=device, dtype=dtype),
+        attention_workload(attention_batch, seq=attention_seq, device=device, dtype=dtype),
+    ]
+
+
+# ---------------------------------------------------------------- the device's two roofs
+
+
+def measure_bandwidth(device: str | torch.device | None = None, mib: int = 256, min_run_time: float = 0.2) -> float:
+    """Memory bandwidth in bytes/s from copying ``mib`` MiB on ``device``: the copy reads and writes it (2 x mib moved).
+
+    Pick ``mib`` well past the last-level cache, or the figure is the cache's bandwidth, not memory's.
+    """
+    _check_sizes(mib=mib)
+    device = pick_device(device)
+    src = torch.ones(mib * 2**20 // 4, device=device)
+    dst = torch.empty_like(src)
+    seconds = min(timeit(dst.copy_, src, device=device, min_run_time=min_run_time).times)  # the fastest block
+    return 2 * src.nbytes / seconds
+
+
+@dataclass(frozen=True)
+class Roofs:
+    """The two ceilings of a device for one dtype, and where each figure came from."""
+
+    peak: float | None  # FLOP/s; None: the kit knows none (the best measured rate stands in later)
+    peak_source: str
+    bandwidth: float  # bytes/s
+    bandwidth_source: str
+
+
+def device_roofs(device: str | torch.device | None = None, dtype: str = "fp32", peak: float | None = None,
+                 bandwidth: float | None = None, bandwidth_mib: int = 256, min_run_time: float = 0.2) -> Roofs:
+    """Peak FLOP/s and bandwidth of ``device``: given ones first, else the kit's (datasheet, ISA bound), else measured."""
+    device = pick_device(device)
+    _element_size(dtype)
+    where = f"GPU datasheet ({gpu_spec(device).name})" if is_gpu(device) and gpu_spec(device) else "datasheet"
+    if peak is not None:
+        _check_positive(peak=peak)
+        peak_source = "given"
+    else:
+        peak = peak_flops(device, dtype)
+        peak_source = where if is_gpu(device) else f"ISA bound: cores x clock x FLOP/cycle of {cpu_model()}"
+        if peak is None:
+            peak_source = f"the kit knows no {dtype} peak for this device"
+    if bandwidth is not None:
+        _check_positive(bandwidth=bandwidth)
+        bandwidth_source = "given"
+    elif peak_bandwidth(device):
+        bandwidth, bandwidth_source = peak_bandwidth(device), where
+    else:
+        bandwidth = measure_bandwidth(device, bandwidth_mib, min_run_time)
+        bandwidth_source = f"measured: a {bandwidth_mib} MiB copy on {device}, read + write counted (no datasheet figure for it)"
+    return Roofs(peak, peak_source, bandwidth, bandwidth_source)
+
+
+# ---------------------------------------------------------------- the report
+
+
+def format_rate(flops_per_second: float | None) -> str:
+    """FLOP/s with an SI prefix: 3.3e11 -> '332 GFLOP/s'."""
+    if flops_per_second is None:
+        return "n/a"
+    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"), (1, "")):
+        if abs(flops_per_second) >= scale or scale == 1:
+            return f"{flops_per_second / scale:.3g} {prefix}FLOP/s"
+    raise AssertionError("unreachable")
+
+
+def intensity_label(value: float) -> str:
+    """An intensity tick: 1/8, 1/2, 2, 32 (FLOP/byte); powers of two below one read as fractions."""
+    if 0 < value < 1 and abs(1 / value - round(1 / value)) < 1e-9:
+        return f"1/{round(1 / value):,}"
+    return plots.tick_label(value)
+
+
+def _percent(value: float) -> str:
+    return f"{value:.0f}" if value >= 1 else f"{value:.2g}"
+
+
+def _count(value: int) -> str:
+    return plots.tick_label(value)
+
+
+@dataclass
+class RooflinePoint:
+    name: str = column("operator")
+    shape: str = column("shape")
+    flops: int = column("FLOPs", _count)
+    bytes: int = column("bytes (min.)", format_bytes)
+    intensity: float = column("FLOP/byte", ".3g")
+    seconds: float = column("time", format_seconds)
+    achieved: float = column("achieved", format_rate)
+    roof: float = column("roof", format_rate)
+    pct_of_roof: float = column("% of roof", _percent)
+    bound: str = column("bound")
+    achieved_bandwidth: float = column("GB/s moved", lambda v: f"{v / 1e9:,.1f}")
+    kind: str = ""
+
+
+def roofline_point(workload: Workload, seconds: float, peak: float, bandwidth: float) -> RooflinePoint:
+    """The row of one measured workload: achieved FLOP/s, its roof, the share of the roof reached, the bound."""
+    _check_positive(seconds=seconds)
+    intensity, ceiling = workload.intensity, roof(workload.intensity, peak, bandwidth)
+    achieved = workload.flops / seconds
+    return RooflinePoint(workload.name, workload.shape, workload.flops, workload.bytes, intensity, seconds, achieved, ceiling,
+                         100 * achieved / ceiling, bound_by(intensity, ridge_point(peak, bandwidth)), workload.bytes / seconds,
+                         workload.kind)
+
+
+class Roofline(Report):
+    """Measured operators against this device's roofline; ``verdict()`` says which are memory- and which compute-bound."""
+
+    def __init__(self, rows: Sequence[RooflinePoint], device: torch.device, dtype: str, roofs: Roofs):
+        if not rows:
+            raise ValueError("a roofline needs at least one measured operator")
+        if roofs.peak is None:
+            raise ValueError("roofs.peak is None: measure_roofline() stands the best measured rate in for it")
+        self.device, self.dtype, self.roofs = torch.device(device), dtype, roofs
+        self.peak, self.bandwidth = roofs.peak, roofs.bandwidth
+        self.ridge = ridge_point(self.peak, self.bandwidth)
+        self.title = f"Roofline on {self.device} ({dtype})"
+        notes = [f"peak {format_rate(self.peak)} ({roofs.peak_source}); bandwidth {self.bandwidth / 1e9:,.1f} GB/s "
+                 f"({roofs.bandwidth_source}); ridge point {self.ridge:.3g} FLOP/byte.",
+                 "bytes (min.): inputs read once + outputs written once; roof = min(peak, FLOP/byte x bandwidth)."]
+        super().__init__(rows, notes)
+
+    def memory_bound(self) -> list[RooflinePoint]:
+        return [r for r in self.rows if r.bound == "memory"]
+
+    def compute_bound(self) -> list[RooflinePoint]:
+        return [r for r in self.rows if r.bound == "compute"]
+
+    def verdict(self) -> str:
+        """What the measurements say, in sentences that hold for whatever machine measured them."""
+
+        def listed(points: list[RooflinePoint]) -> str:
+            return ", ".join(f"{p.name} ({p.intensity:.3g})" for p in points) or "none"
+
+        lines = [
+            f"Ridge point on {self.device}: {format_rate(self.peak)} / {self.bandwidth / 1e9:,.1f} GB/s = {self.ridge:.3g} FLOP/byte.",
+            f"Memory-bound (FLOP/byte below {self.ridge:.3g}): {listed(self.memory_bound())}.",
+            f"Compute-bound (FLOP/byte at or above it): {listed(self.compute_bound())}.",
+        ]
+        memory = self.memory_bound()
+        if memory:
+            rates = [p.achieved_bandwidth / 1e9 for p in memory]
+            span = f"{min(rates):,.1f}" if len(rates) == 1 else f"{min(rates):,.1f} to {max(rates):,.1f}"
+            lines.append(f"The memory-bound ones moved {span} GB/s against the roof's {self.bandwidth / 1e9:,.1f} GB/s: "
+                         "more arithmetic per byte would cost them nothing; fewer bytes (fusion, a smaller dtype) is what helps.")
+        best, worst = max(self.rows, key=lambda r: r.pct_of_roof), min(self.rows, key=lambda r: r.pct_of_roof)
+        if best is not worst:
+            lines.append(f"Closest to its roof: {best.name} at {_percent(best.pct_of_roof)}%; "
+                         f"furthest: {worst.name} at {_percent(worst.pct_of_roof)}%.")
+        above = [r for r in self.rows if r.pct_of_roof > 100]
+        if above:
+            named = ", ".join(f"{r.name} ({_percent(r.pct_of_roof)}%)" for r in above)
+            lines.append(f"Above their roof: {named}. A roof is only as good as its figures: data served from caches beats "
+                         "memory bandwidth, and a peak that is a bound, or a stand-in, can be exceeded.")
+        return "\n".join(lines)
+
+    def plot(self, ax=None):
+        ax = plots.new_axes(ax, title=self.title, xlabel="arithmetic intensity, FLOP/byte (log scale)",
+                            ylabel="FLOP/s (log scale)", logx=True, logy=True)
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _pos: format_rate(value)))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _pos: intensity_label(value)))
+        low = min(min(r.intensity for r in self.rows), self.ridge) / 4
+        high = max(max(r.intensity for r in self.rows), self.ridge) * 4
+        xs = [low, self.ridge, high]
+        ax.plot(xs, [roof(x, self.peak, self.bandwidth) for x in xs], color="black", linewidth=2,
+                label="roof: min(peak, FLOP/byte x bandwidth)")
+        plots.vertical_line(ax, self.ridge, f"ridge {self.ridge:.3g} FLOP/byte")
+        ax.annotate(f"peak {format_rate(self.peak)}", xy=(high, self.peak), textcoords="offset points", xytext=(-4, 4),
+                    ha="right", va="bottom", fontsize=9)
+        ax.annotate(f"{self.bandwidth / 1e9:,.1f} GB/s", xy=(low, low * self.bandwidth), textcoords="offset points",
+                    xytext=(4, 6), ha="left", va="bottom", fontsize=9)
+        kinds = list(dict.fromkeys(r.kind for r in self.rows))
+        for i, kind in enumerate(kinds):
+            points = [r for r in self.rows if r.kind == kind]
+            ax.scatter([p.intensity for p in points], [p.achieved for p in points], s=50, zorder=3,
+                       color=plots.color_for(kind, i + 1), label=kind)
+            for j, p in enumerate(points):  # labels alternate below and above their point, so neighbours rarely collide
+                ax.annotate(p.name, (p.intensity, p.achieved), textcoords="offset points", xytext=(5, -11 if j % 2 == 0 else 5), fontsize=8)
+        ax.legend(loc="upper left")  # above the sloped roof, where no point can be
+        return ax
+
+
+def measure_roofline(workloads: Sequence[Workload], device: str | torch.device | None = None, *, peak: float | None = None,
+                     bandwidth: float | None = None, bandwidth_mib: int = 256, min_run_time: float = 0.1) -> Roofline:
+    """Time each workload on ``device`` (``best_seconds``: helpers.timeit's fastest block) and place it under the roofline.
+
+    ``peak`` (FLOP/s) and ``bandwidth`` (bytes/s) default to what the kit knows of the device; a bandwidth it
+    does not know is measured with a ``bandwidth_mib`` MiB copy. Without a known peak the best measured rate
+    stands in for it, and the notes say so.
+    """
+    if not workloads:
+        raise ValueError("no workloads to measure: pass a list such as default_workloads(device)")
+    dtypes = {w.dtype for w in workloads}
+    if len(dtypes) > 1:
+        raise ValueError(f"the workloads mix dtypes {sorted(dtypes)}; one roofline is for one dtype: measure each apart")
+    device, dtype = pick_device(device), dtypes.pop()
+    roofs = device_roofs(device, dtype, peak, bandwidth, bandwidth_mib)
+    seconds = [best_seconds(w, device, min_run_time) for w in workloads]
+    if roofs.peak is None:
+        best = max(w.flops / s for w, s in zip(workloads, seconds))
+        roofs = Roofs(best, f"{roofs.peak_source}: the best measured rate stands in", roofs.bandwidth, roofs.bandwidth_source)
+    rows = [roofline_point(w, s, roofs.peak, roofs.bandwidth) for w, s in zip(workloads, seconds)]
+    return Roofline(rows, device, dtype, roofs)
+
+
+@contextlib.contextmanager
+def ieee_fp32(device: torch.device) -> Iterator[None]:
+    """On a GPU, fp32 matmuls and convolutions run in true fp32 (no TF32) within the block, so the fp32 peak is their roof."""
+    targets = [(torch.backends.cuda.matmul, "fp32_precision"), (torch.backends.cudnn.conv, "fp32_precision")] if is_gpu(device) else []
+    saved = [getattr(obj, name) for obj, name in targets]
+    for obj, name in targets:
+        setattr(obj, name, "ieee")
+    try:
+        yield
+    finally:
+        for (obj, name), value in zip(targets, saved):
+            setattr(obj, name, value)
+
+
+def best_seconds(workload: Workload, device: str | torch.device, min_run_time: float = 0.1, rounds: int = 1) -> float:
+    """Seconds per call of ``workload`` on ``device``: the fastest block ``helpers.timeit`` timed, over ``rounds`` timings.
+
+    The fastest block rather than the median: on a shared machine other work only ever adds time, and a
+    roofline asks what the operator can do.
+    """
+    _check_sizes(rounds=rounds)
+    device = torch.device(device)
+    call = workload.prepare()
+    with ieee_fp32(device):
+        return min(min(timeit(call, device=device, min_run_time=min_run_time).times) for _ in range(rounds))
+
+
+def operator_roofline(device: str | torch.device | None = None, dtype: str = "fp32", matmul_sizes: Sequence[int] = (64, 256, 1024),
+             elementwise_numel: int = 2**24, conv_batch: int = 8, attention_seq: int = 512, attention_batch: int = 4,
+             bandwidth_mib: int = 256, min_run_time: float = 0.1) -> Roofline:
+    """Measure the default operators (``default_workloads``) on ``device`` against its roofline."""
+    device = pick_device(device)
+    workloads = default_workloads(device, dtype, matmul_sizes, elementwise_numel, conv_batch, attention_seq, attention_batch)
+    return measure_roofline(workloads, device, bandwidth_mib=bandwidth_mib, min_run_time=min_run_time)
