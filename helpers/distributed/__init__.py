@@ -14,6 +14,7 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     ".memsave": ["accumulation_memory", "checkpointed", "checkpointing_memory", "demo_transformer",
                  "example_batch", "mean_square_loss", "precision_memory"],
     ".offload": ["OffloadedAdam", "offload_memory"],
+    ".recompute": ["recompute_cost"],
     ".pipeline_parallel": ["bubble_fraction", "pipeline_experiment", "pipeline_schedule"],
     ".tensor_parallel": ["ColumnParallelLinear", "RowParallelLinear", "copy_to_parallel",
                          "reduce_from_parallel", "tensor_parallel_check"],

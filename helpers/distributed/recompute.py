@@ -1,0 +1,161 @@
+"""What activation checkpointing costs in time, predicted from the parts of a step and measured.
+
+The rule of thumb says "about a third more compute": checkpointing runs each checkpointed
+block's forward once more during backward, and a backward costs about two forwards. That
+holds only where its three assumptions hold: backward = 2 forwards, every layer
+checkpointed, no time outside forward and backward (the optimizer step). ``recompute_cost``
+times each part of one update on this machine, predicts the overhead from them (the
+checkpointed blocks' forward over the plain update's time), measures it, and explains the
+gap: the fixed cost of each checkpointed group (saved-tensor hooks, the RNG state saved and
+restored, a second autograd graph) weighs most when blocks are small, and two copies of
+the same plain update, timed side by side, give the comparison's noise floor.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from helpers.core.fake import first_device
+from helpers.core.memory import OptimizerChoice
+from helpers.core.report import Report, column, format_seconds
+from helpers.distributed.memsave import checkpointed, demo_transformer, example_batch, mean_square_loss, time_interleaved, update_function
+
+RULE_OF_THUMB = 1 / 3  # one extra forward on top of forward + backward = 3 forwards
+
+
+@dataclass
+class TimedPart:
+    """One timed part of a training update, and its share of the plain update."""
+
+    part: str = column("part")
+    seconds: float = column("time", format_seconds)
+    share: float = column("of a plain update", ".0%")
+
+
+class RecomputeCost(Report):
+    """The parts of one update timed, checkpointing's overhead predicted from them and measured; ``explanation``."""
+
+    title = "Activation checkpointing: what the recomputation costs in time"
+
+    def __init__(self, rows: list[TimedPart], *, predicted: float, measured: float, noise: float, backward_per_forward: float,
+                 blocks_share: float, optimizer_share: float, group_cost: float, groups: int, blocks_seconds: float,
+                 description: str):
+        self.predicted, self.measured, self.noise = predicted, measured, noise
+        self.backward_per_forward, self.blocks_share, self.optimizer_share = backward_per_forward, blocks_share, optimizer_share
+        self.group_cost, self.groups, self.blocks_seconds = group_cost, groups, blocks_seconds
+        self.explanation = self._explain()
+        super().__init__(rows, [description, self.explanation])
+
+    @property
+    def agrees(self) -> bool:
+        """Whether measured and predicted overhead differ by no more than the noise floor (at least 5 points)."""
+        return abs(self.measured - self.predicted) <= self.tolerance
+
+    @property
+    def group_cost_share(self) -> float:
+        """Checkpointing's own cost per group, over one group's share of the blocks' forward time."""
+        return self.group_cost / (self.blocks_seconds / self.groups) if self.blocks_seconds else 0.0
+
+    @property
+    def disturbed(self) -> bool:
+        """Whether the timings contradict each other: the blocks slower than the whole forward, or two copies of one update 10% apart."""
+        return self.blocks_share > 1.02 or self.noise > 0.1
+
+    @property
+    def tolerance(self) -> float:
+        return max(0.05, 2 * self.noise)
+
+    def _explain(self) -> str:
+        rule = (f"The rule of thumb's third assumes backward = 2 forwards (here {self.backward_per_forward:.2f}), every layer "
+                f"recomputed (here the checkpointed blocks are {self.blocks_share:.0%} of the forward) and no optimizer time (here "
+                f"{self.optimizer_share:.0%} of the update); from this machine's parts the recomputed forward should add "
+                f"{self.predicted:+.0%}.")
+        measured = f" Measured: {self.measured:+.0%}"
+        floor = f"two copies of the same plain update differ by {self.noise:.0%}"
+        if self.agrees:
+            return f"{rule}{measured}, within the noise floor ({floor})."
+        gap = self.measured - self.predicted
+        direction = f"{100 * abs(gap):.0f} points {'more' if gap > 0 else 'less'} than the recomputed forward"
+        if self.disturbed:
+            return (f"{rule}{measured}, {direction}, but these timings do not hold together ({floor}; the blocks alone took "
+                    f"{self.blocks_share:.0%} of the whole forward): other work on the machine slowed some rounds of every part. "
+                    "Rerun the cell on a quieter machine, or with more rounds.")
+        if gap > 0:
+            return (f"{rule}{measured}, {direction} ({floor}). The rest is the cost of checkpointing itself: about "
+                    f"{format_seconds(self.group_cost)} for each of its {self.groups} groups, {self.group_cost_share:.0%} of a group's "
+                    "forward (saved-tensor hooks, the RNG state saved and restored, a second autograd graph). Such fixed per-call "
+                    "costs weigh most when the blocks are small, or when launching operations, not arithmetic, sets their time.")
+        return (f"{rule}{measured}, {direction} ({floor}): recomputing inside backward was cheaper than the forward timed alone "
+                "(its inputs are still in cache, and its intermediates are freed group by group, so it allocates less).")
+
+
+def recompute_cost(model: nn.Module | None = None, batch_size: int = 8, every: int = 1, optimizer: OptimizerChoice = "adam",
+                   rounds: int = 5, blocks: str = "blocks") -> RecomputeCost:
+    """Time the parts of one update of ``model`` and the same update with its ``blocks`` checkpointed in groups of ``every``.
+
+    Parts, each the fastest of ``rounds`` interleaved rounds (``time_interleaved``; one CPU
+    thread, or the GPU's time): the forward (with autograd, as in training), the checkpointed
+    blocks' forward alone (what backward recomputes), forward + backward, the whole update
+    (twice, on two copies: their difference is the noise floor), and the checkpointed update.
+    The predicted overhead is the blocks' forward over the plain update's time.
+    """
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1 (interleaved timing rounds per part), got {rounds}")
+    model = model if model is not None else demo_transformer()
+    wrapped = checkpointed(model, every, blocks)  # checks ``blocks`` and ``every``
+    sequence = list(getattr(model, blocks))
+    groups = math.ceil(len(sequence) / every)
+    example = example_batch(model, batch_size)
+    blocks_input = _input_of(sequence[0], model, example)
+
+    def forward() -> None:
+        mean_square_loss(model(example))
+
+    def blocks_forward() -> None:
+        x = blocks_input
+        for block in sequence:
+            x = block(x)
+
+    def forward_backward() -> None:
+        model.zero_grad(set_to_none=True)
+        mean_square_loss(model(example)).backward()
+
+    parts = {"forward": forward, "blocks": blocks_forward, "forward+backward": forward_backward,
+             "update": update_function(model, example, optimizer), "update again": update_function(model, example, optimizer),
+             "checkpointed": update_function(wrapped, example, optimizer)}
+    t = time_interleaved(parts, first_device(model), rounds)
+    model.zero_grad(set_to_none=True)
+    plain = min(t["update"], t["update again"])
+    backward = max(t["forward+backward"] - t["forward"], 0.0)
+    optimizer_step = max(plain - t["forward+backward"], 0.0)
+    label = f"update, checkpoint every {every} block{'s' if every > 1 else ''}"
+    rows = [TimedPart("forward (loss included)", t["forward"], t["forward"] / plain),
+            TimedPart("  of which the checkpointed blocks", t["blocks"], t["blocks"] / plain),
+            TimedPart("backward", backward, backward / plain),
+            TimedPart("optimizer step", optimizer_step, optimizer_step / plain),
+            TimedPart("plain update", plain, 1.0),
+            TimedPart("plain update, second copy", max(t["update"], t["update again"]), max(t["update"], t["update again"]) / plain),
+            TimedPart(label, t["checkpointed"], t["checkpointed"] / plain)]
+    description = (f"{type(model).__name__}, {len(sequence)} blocks in {groups} checkpointed group{'s' if groups > 1 else ''}, batch "
+                   f"{batch_size}, {optimizer}; each time the fastest of {rounds} interleaved rounds.")
+    return RecomputeCost(rows, predicted=t["blocks"] / plain, measured=t["checkpointed"] / plain - 1,
+                         noise=abs(t["update"] - t["update again"]) / plain,
+                         backward_per_forward=backward / t["forward"], blocks_share=t["blocks"] / t["forward"],
+                         optimizer_share=optimizer_step / plain,
+                         group_cost=max(t["checkpointed"] - plain - t["blocks"], 0.0) / groups, groups=groups, blocks_seconds=t["blocks"],
+                         description=description)
+
+
+def _input_of(block: nn.Module, model: nn.Module, example: torch.Tensor) -> torch.Tensor:
+    """What ``block`` receives when ``model`` runs on ``example`` (detached: the recomputation starts from a stored input)."""
+    seen: list[torch.Tensor] = []
+    handle = block.register_forward_pre_hook(lambda module, args: seen.append(args[0].detach()))
+    try:
+        with torch.no_grad():
+            model(example)
+    finally:
+        handle.remove()
+    return seen[0]

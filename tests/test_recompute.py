@@ -1,0 +1,58 @@
+"""helpers.distributed.recompute: checkpointing's time cost, predicted from the parts of a step and measured."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from helpers.distributed import demo_transformer, example_batch, recompute_cost
+from helpers.distributed.recompute import RecomputeCost, _input_of
+
+
+@pytest.fixture(scope="module")
+def model():
+    return demo_transformer(layers=2, width=32, seq_len=16, vocab=64)
+
+
+def cost(**overrides) -> RecomputeCost:
+    numbers = dict(predicted=0.30, measured=0.31, noise=0.01, backward_per_forward=2.0, blocks_share=0.9, optimizer_share=0.05,
+                   group_cost=0.0, groups=4, blocks_seconds=0.04, description="")
+    return RecomputeCost([], **{**numbers, **overrides})
+
+
+def test_the_blocks_input_is_what_the_blocks_see(model):
+    example = example_batch(model, 2)
+    x = _input_of(model.blocks[0], model, example)
+    for block in model.blocks:
+        x = block(x)
+    assert torch.allclose(model.head(model.ln(x)), model(example), atol=1e-6)
+
+
+def test_a_real_measurement_has_every_part_and_an_explanation(model):
+    report = recompute_cost(model, batch_size=2, rounds=1)
+    assert report.find(part="plain update").share == 1.0
+    checkpointed = report.find(part="update, checkpoint every 1 block")
+    assert checkpointed.seconds > 0 and report.groups == 2
+    assert report.measured == pytest.approx(checkpointed.share - 1)
+    assert "Measured" in report.explanation and report.explanation in report.notes
+
+
+def test_groups_follow_every(model):
+    assert recompute_cost(model, batch_size=2, every=2, rounds=1).groups == 1
+
+
+def test_the_explanation_follows_the_numbers():
+    assert "within the noise floor" in cost().explanation
+    larger = cost(measured=0.70, group_cost=0.003).explanation
+    assert "points more" in larger and "cost of checkpointing itself" in larger
+    smaller = cost(measured=0.10).explanation
+    assert "points less" in smaller and "cheaper" in smaller
+    assert "do not hold together" in cost(measured=0.10, blocks_share=1.3).explanation
+    assert "do not hold together" in cost(measured=0.95, noise=0.2).explanation
+
+
+def test_bad_arguments_say_what_to_do(model):
+    with pytest.raises(ValueError, match="rounds"):
+        recompute_cost(model, rounds=0)
+    with pytest.raises(ValueError, match="blocks="):
+        recompute_cost(nn.Sequential(nn.Linear(2, 2)), rounds=1)
