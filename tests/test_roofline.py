@@ -196,3 +196,12 @@ def test_on_a_gpu_fp32_work_is_timed_in_true_fp32_and_the_settings_come_back():
     assert (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision) == before
     with ieee_fp32(torch.device("cpu")):
         assert (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision) == before
+
+
+def test_a_gpu_gets_larger_default_sizes_and_building_them_allocates_nothing():
+    """The GPU's workloads, built on a machine without one: sizes are chosen and counted, no tensor is made."""
+    names = [w.name for w in default_workloads(torch.device("cuda"))]
+    assert names == ["matmul n=256", "matmul n=1024", "matmul n=4096", "matmul n=8192", "add", "relu", "conv 3x3", "attention L=2048"]
+    assert [w.name for w in default_workloads("cpu")][:3] == ["matmul n=64", "matmul n=256", "matmul n=1024"]
+    with pytest.raises(ValueError, match="numel must be a positive"):
+        default_workloads("cpu", elementwise_numel=0)

@@ -14,7 +14,7 @@ import torch
 
 from helpers.core.device import cpu_flags, cpu_native_dtypes, gpu_dtypes, is_gpu, peak_flops, pick_device
 from helpers.core.report import Report, column, format_seconds
-from helpers.hardware.roofline import best_seconds, format_rate, matmul_workload
+from helpers.hardware.roofline import fastest_seconds, format_rate, matmul_workload
 
 # The CPU flags that give a format its own arithmetic; F16C only converts fp16 to and from fp32.
 ARITHMETIC_FLAGS = {"bf16": ("avx512_bf16", "amx_bf16"), "fp16": ("avx512_fp16", "amx_fp16")}
@@ -86,7 +86,7 @@ class DtypeSpeed(Report):
 
 
 def dtype_speed(n: int = 256, device: str | torch.device | None = None, dtypes: Sequence[str] = ("bf16", "fp16"),
-                min_run_time: float = 0.1, rounds: int = 2) -> DtypeSpeed:
+                min_run_time: float = 0.05, rounds: int = 5) -> DtypeSpeed:
     """Time an n x n matmul in fp32 and in each of ``dtypes`` on the CPU, and on ``device`` too when it is a GPU.
 
     The formats are timed in ``rounds`` interleaved rounds, each keeping its fastest block, so a burst of
@@ -99,10 +99,7 @@ def dtype_speed(n: int = 256, device: str | torch.device | None = None, dtypes: 
     rows = []
     for place in [torch.device("cpu")] + ([device] if is_gpu(device) else []):
         workloads = {d: matmul_workload(n, place, d) for d in ("fp32", *dtypes)}
-        seconds = {d: float("inf") for d in workloads}
-        for _ in range(rounds):
-            for dtype, workload in workloads.items():
-                seconds[dtype] = min(seconds[dtype], best_seconds(workload, place, min_run_time))
+        seconds = dict(zip(workloads, fastest_seconds(list(workloads.values()), place, min_run_time, rounds)))
         for dtype, workload in workloads.items():
             native, evidence = (True, "every device") if dtype == "fp32" else support_evidence(place, dtype)
             rows.append(DtypeTiming(place.type, dtype, native, evidence, peak_flops(place, dtype), seconds[dtype],

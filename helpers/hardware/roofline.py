@@ -181,34 +181,50 @@ def attention_workload(batch: int, heads: int = 8, seq: int = 512, head_dim: int
     return Workload(f"attention L={seq}", "attention", shape, dtype, flops, 4 * per_tensor * element, prepare)
 
 
-def default_workloads(device: str | torch.device = "cpu", dtype: str = "fp32", matmul_sizes: Sequence[int] = (64, 256, 1024),
-                      elementwise_numel: int = 2**24, conv_batch: int = 8, attention_seq: int = 512,
+# Sizes that suit each kind of device: a GPU needs far more work per call than a CPU to show its roofs.
+DEFAULT_SIZES = {
+    "cpu": {"matmul_sizes": (64, 256, 1024), "elementwise_numel": 2**24, "conv_batch": 8, "attention_seq": 512},
+    "cuda": {"matmul_sizes": (256, 1024, 4096, 8192), "elementwise_numel": 2**26, "conv_batch": 64, "attention_seq": 2048},
+}
+
+
+def default_workloads(device: str | torch.device = "cpu", dtype: str = "fp32", matmul_sizes: Sequence[int] | None = None,
+                      elementwise_numel: int | None = None, conv_batch: int | None = None, attention_seq: int | None = None,
                       attention_batch: int = 4) -> list[Workload]:
-    """Matmuls at ``matmul_sizes``, add and ReLU, one 3x3 convolution (64 -> 64 channels, 56x56) and one attention."""
+    """Matmuls at ``matmul_sizes``, add and ReLU, one 3x3 convolution (64 -> 64 channels, 56x56) and one attention
+    (8 heads of 64); a size left None takes the device's default (``DEFAULT_SIZES``)."""
+    device = torch.device(device)
+    defaults = DEFAULT_SIZES["cuda" if is_gpu(device) else "cpu"]
+    matmul_sizes = defaults["matmul_sizes"] if matmul_sizes is None else matmul_sizes
     if not matmul_sizes:
-        raise ValueError("matmul_sizes is empty: give at least one size, e.g. (64, 256, 1024)")
+        raise ValueError("matmul_sizes is empty: give at least one size, e.g. (64, 256, 1024), or None for the device's")
+    numel = defaults["elementwise_numel"] if elementwise_numel is None else elementwise_numel
+    batch = defaults["conv_batch"] if conv_batch is None else conv_batch
+    seq = defaults["attention_seq"] if attention_seq is None else attention_seq
     return [
         *(matmul_workload(n, device, dtype) for n in matmul_sizes),
-        elementwise_workload("add", elementwise_numel, device, dtype),
-        elementwise_workload("relu", elementwise_numel, device, dtype),
-        conv_workload(conv_batch, device=device, dtype=dtype),
-        attention_workload(attention_batch, seq=attention_seq, device=device, dtype=dtype),
+        elementwise_workload("add", numel, device, dtype),
+        elementwise_workload("relu", numel, device, dtype),
+        conv_workload(batch, device=device, dtype=dtype),
+        attention_workload(attention_batch, seq=seq, device=device, dtype=dtype),
     ]
 
 
 # ---------------------------------------------------------------- the device's two roofs
 
 
-def measure_bandwidth(device: str | torch.device | None = None, mib: int = 256, min_run_time: float = 0.2) -> float:
+def measure_bandwidth(device: str | torch.device | None = None, mib: int = 256, min_run_time: float = 0.3, rounds: int = 3) -> float:
     """Memory bandwidth in bytes/s from copying ``mib`` MiB on ``device``: the copy reads and writes it (2 x mib moved).
+
+    The fastest block of ``rounds`` timings, as for the operators (``fastest_seconds``).
 
     Pick ``mib`` well past the last-level cache, or the figure is the cache's bandwidth, not memory's.
     """
-    _check_sizes(mib=mib)
+    _check_sizes(mib=mib, rounds=rounds)
     device = pick_device(device)
     src = torch.ones(mib * 2**20 // 4, device=device)
     dst = torch.empty_like(src)
-    seconds = min(timeit(dst.copy_, src, device=device, min_run_time=min_run_time).times)  # the fastest block
+    seconds = min(min(timeit(dst.copy_, src, device=device, min_run_time=min_run_time / rounds).times) for _ in range(rounds))
     return 2 * src.nbytes / seconds
 
 
@@ -338,7 +354,7 @@ class Roofline(Report):
         memory = self.memory_bound()
         if memory:
             rates = [p.achieved_bandwidth / 1e9 for p in memory]
-            span = f"{min(rates):,.1f}" if len(rates) == 1 else f"{min(rates):,.1f} to {max(rates):,.1f}"
+            span = f"{min(rates):,.3g}" if len(rates) == 1 else f"{min(rates):,.3g} to {max(rates):,.3g}"
             lines.append(f"The memory-bound ones moved {span} GB/s against the roof's {self.bandwidth / 1e9:,.1f} GB/s: "
                          "more arithmetic per byte would cost them nothing; fewer bytes (fusion, a smaller dtype) is what helps.")
         best, worst = max(self.rows, key=lambda r: r.pct_of_roof), min(self.rows, key=lambda r: r.pct_of_roof)
@@ -379,8 +395,9 @@ class Roofline(Report):
 
 
 def measure_roofline(workloads: Sequence[Workload], device: str | torch.device | None = None, *, peak: float | None = None,
-                     bandwidth: float | None = None, bandwidth_mib: int = 256, min_run_time: float = 0.1) -> Roofline:
-    """Time each workload on ``device`` (``best_seconds``: helpers.timeit's fastest block) and place it under the roofline.
+                     bandwidth: float | None = None, bandwidth_mib: int = 256, min_run_time: float = 0.1,
+                     rounds: int = 3) -> Roofline:
+    """Time each workload on ``device`` (``fastest_seconds``: helpers.timeit, in turns) and place it under the roofline.
 
     ``peak`` (FLOP/s) and ``bandwidth`` (bytes/s) default to what the kit knows of the device; a bandwidth it
     does not know is measured with a ``bandwidth_mib`` MiB copy. Without a known peak the best measured rate
@@ -393,7 +410,7 @@ def measure_roofline(workloads: Sequence[Workload], device: str | torch.device |
         raise ValueError(f"the workloads mix dtypes {sorted(dtypes)}; one roofline is for one dtype: measure each apart")
     device, dtype = pick_device(device), dtypes.pop()
     roofs = device_roofs(device, dtype, peak, bandwidth, bandwidth_mib)
-    seconds = [best_seconds(w, device, min_run_time) for w in workloads]
+    seconds = fastest_seconds(workloads, device, min_run_time, rounds)
     if roofs.peak is None:
         best = max(w.flops / s for w, s in zip(workloads, seconds))
         roofs = Roofs(best, f"{roofs.peak_source}: the best measured rate stands in", roofs.bandwidth, roofs.bandwidth_source)
@@ -415,23 +432,29 @@ def ieee_fp32(device: torch.device) -> Iterator[None]:
             setattr(obj, name, value)
 
 
-def best_seconds(workload: Workload, device: str | torch.device, min_run_time: float = 0.1, rounds: int = 1) -> float:
-    """Seconds per call of ``workload`` on ``device``: the fastest block ``helpers.timeit`` timed, over ``rounds`` timings.
+def fastest_seconds(workloads: Sequence[Workload], device: str | torch.device, min_run_time: float = 0.1,
+                    rounds: int = 3) -> list[float]:
+    """Seconds per call of each workload on ``device``: the fastest block ``helpers.timeit`` timed over ``rounds`` rounds.
 
-    The fastest block rather than the median: on a shared machine other work only ever adds time, and a
-    roofline asks what the operator can do.
+    In each round the workloads take turns, so a burst of other work on the machine cannot fall on one of
+    them only. The fastest block rather than the median: other work only ever adds time, and a roofline
+    asks what an operator can do.
     """
     _check_sizes(rounds=rounds)
     device = torch.device(device)
-    call = workload.prepare()
+    calls = [w.prepare() for w in workloads]
+    best = [math.inf] * len(calls)
     with ieee_fp32(device):
-        return min(min(timeit(call, device=device, min_run_time=min_run_time).times) for _ in range(rounds))
+        for _ in range(rounds):
+            for i, call in enumerate(calls):
+                best[i] = min(best[i], min(timeit(call, device=device, min_run_time=min_run_time).times))
+    return best
 
 
-def operator_roofline(device: str | torch.device | None = None, dtype: str = "fp32", matmul_sizes: Sequence[int] = (64, 256, 1024),
-             elementwise_numel: int = 2**24, conv_batch: int = 8, attention_seq: int = 512, attention_batch: int = 4,
-             bandwidth_mib: int = 256, min_run_time: float = 0.1) -> Roofline:
-    """Measure the default operators (``default_workloads``) on ``device`` against its roofline."""
+def operator_roofline(device: str | torch.device | None = None, dtype: str = "fp32", matmul_sizes: Sequence[int] | None = None,
+                      elementwise_numel: int | None = None, conv_batch: int | None = None, attention_seq: int | None = None,
+                      attention_batch: int = 4, bandwidth_mib: int = 256, min_run_time: float = 0.1, rounds: int = 3) -> Roofline:
+    """Measure the default operators (``default_workloads``; None: the device's sizes) on ``device`` against its roofline."""
     device = pick_device(device)
     workloads = default_workloads(device, dtype, matmul_sizes, elementwise_numel, conv_batch, attention_seq, attention_batch)
-    return measure_roofline(workloads, device, bandwidth_mib=bandwidth_mib, min_run_time=min_run_time)
+    return measure_roofline(workloads, device, bandwidth_mib=bandwidth_mib, min_run_time=min_run_time, rounds=rounds)
