@@ -16,4 +16,6 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     ".compiling": ["eager_vs_compiled"],
     ".workloads": ["make_compute_bound", "make_input_pipeline", "make_sync_bound", "tiny_mlp"],
     ".syncs": ["count_host_syncs"],
+    ".launch_overhead": ["OpChain", "capture_cuda_graph", "measure_launch_overhead"],
+    ".kernel_table": ["classify_kernel", "cnn_training_step", "kernels_by_class"],
 })

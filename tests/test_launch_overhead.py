@@ -1,0 +1,72 @@
+"""Launch overhead: the eager chain against its arithmetic and its compiled form, measured on this machine; the CUDA-graph
+path's argument checks and its n/a rows where there is no GPU (and a real capture where there is one)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers.training import OpChain, capture_cuda_graph, measure_launch_overhead
+from helpers.training.launch_overhead import ARITHMETIC, COMPILED, EAGER, GRAPH, GRAPH_NEEDS_GPU, REDUCE_OVERHEAD
+
+
+def test_capture_refuses_a_cpu_tensor_and_says_what_to_do():
+    with pytest.raises(ValueError, match=r"on cpu.*CUDA graphs record GPU kernels.*\.to\('cuda'\)"):
+        capture_cuda_graph(OpChain(4), torch.randn(8))
+
+
+@pytest.mark.parametrize("fn, example, warmup, error, words", [
+    ("not a function", torch.randn(8), 3, TypeError, "fn must be callable"),
+    (OpChain(4), [1.0, 2.0], 3, TypeError, "example must be a torch.Tensor"),
+    (OpChain(4), torch.randn(8), 0, ValueError, "at least 1 warm-up call"),
+])
+def test_capture_checks_its_arguments_before_touching_a_gpu(fn, example, warmup, error, words):
+    with pytest.raises(error, match=words):
+        capture_cuda_graph(fn, example, warmup=warmup)
+
+
+def test_op_chain_runs_length_ops_and_refuses_a_bad_length():
+    x = torch.randn(16)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        OpChain(9)(x)
+    counted = sum(a.count for a in prof.key_averages() if a.key in ("aten::mul", "aten::add", "aten::tanh"))
+    assert counted == 9
+    with pytest.raises(ValueError, match="positive int"):
+        OpChain(0)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU side: n/a rows where CUDA graphs cannot run")
+def test_on_a_cpu_eager_is_overhead_and_compiling_fuses_it():
+    report = measure_launch_overhead(length=12, elements=64, min_run_time=0.05, large_elements=2**18)
+    eager, arithmetic, compiled = (report.find(variant=v) for v in (EAGER, ARITHMETIC, COMPILED))
+    # 64 values per op: the arithmetic is a few dozen nanoseconds, a dispatch microseconds (measured side by side)
+    assert eager.op_seconds > 2 * arithmetic.op_seconds
+    assert compiled.call_seconds is not None and compiled.setup_seconds > 0
+    assert compiled.max_difference < 1e-5
+    for name in (GRAPH, REDUCE_OVERHEAD):
+        row = report.find(variant=name)
+        assert row.call_seconds is None and row.speedup is None and GRAPH_NEEDS_GPU in row.note
+    text = report.table()
+    assert "n/a" in text and "No GPU here" in text
+    lines = report.conclusions()
+    assert any(line.startswith(f"{GRAPH}: n/a here") for line in lines)
+    assert any(line.startswith(f"{COMPILED}:") and "n/a" not in line for line in lines)
+
+
+def test_compile_budget_and_switch_give_n_a_rows_that_say_why():
+    spent = measure_launch_overhead(length=6, elements=32, device="cpu", min_run_time=0.02, large_elements=2**14, compile_budget_s=0)
+    assert "compile budget of 0 s is spent" in spent.find(variant=COMPILED).note
+    off = measure_launch_overhead(length=6, elements=32, device="cpu", min_run_time=0.02, large_elements=2**14, compile=False)
+    assert off.find(variant=COMPILED).call_seconds is None and "compile=False" in off.find(variant=COMPILED).note
+    with pytest.raises(ValueError, match="large_elements >= elements"):
+        measure_launch_overhead(elements=64, large_elements=8, device="cpu")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a real capture needs a GPU (the CPU side is tested above)")
+def test_graph_replay_equals_eager_on_a_gpu():
+    chain, x = OpChain(10).cuda(), torch.randn(256, device="cuda")
+    with torch.no_grad():
+        graph = capture_cuda_graph(chain, x)
+        fresh = torch.randn(256, device="cuda")
+        assert torch.equal(graph(fresh), chain(fresh))
+    report = measure_launch_overhead(length=10, elements=256, min_run_time=0.05, compile=False)
+    assert report.find(variant=GRAPH).max_difference == 0
