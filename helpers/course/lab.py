@@ -2,6 +2,9 @@
 
 * Saving a lecture or an assignment's source notebook stores it without outputs (a pre-save hook), so
   what an instructor ran in class never lands in git; the notebook in the browser keeps its outputs.
+* A stored notebook opens unmodified: stored notebooks carry the kernel's language_info without the Python
+  version (it differs between machines), and this server's contents manager adds the version of the
+  kernel it will start, so JupyterLab finds nothing to update (and asks nothing when the tab is closed).
 * nbgrader's JupyterLab menu and server extensions are switched off on this server: the kit grades with
   ``make autograde`` (sandboxed, see assignments/README.md), and nbgrader's Formgrader would look for a
   course at the repository root and an exchange folder the kit does not use.
@@ -18,10 +21,15 @@ import os
 import sys
 from pathlib import Path
 
+from jupyter_server.services.contents.largefilemanager import AsyncLargeFileManager
+
 from helpers.core.paths import build_dir, kit_root
-from helpers.course.notebooks import clean
+from helpers.course.notebooks import LANGUAGE_INFO, clean
 
 CLEANED_FOLDERS = ("lectures", "assignments/source")
+# Jupyter imports the hook and the contents manager by name; `python -m helpers.course.lab` runs this file as
+# __main__, so the name is spelled out rather than taken from __name__.
+MODULE = "helpers.course.lab"
 NBGRADER_SERVER_EXTENSIONS = ("formgrader", "assignment_list", "course_list", "validate_assignment")
 
 
@@ -31,12 +39,36 @@ def strip_outputs_on_save(model: dict, path: str, **_):
         clean(model["content"])
 
 
+def running_language_info() -> dict:
+    """The language_info the kit's kernel (ipykernel on this interpreter) reports, version included."""
+    from ipykernel.ipkernel import IPythonKernel
+
+    return dict(IPythonKernel.language_info)
+
+
+def with_running_version(model: dict) -> dict:
+    """A notebook model whose stored language_info is the kit's versionless form gets the running version."""
+    content = model.get("content")
+    if model.get("type") == "notebook" and isinstance(content, dict):
+        metadata = content.setdefault("metadata", {})
+        if metadata.get("language_info") == LANGUAGE_INFO:
+            metadata["language_info"] = running_language_info()
+    return model
+
+
+class KitContentsManager(AsyncLargeFileManager):
+    """Jupyter's file contents manager; notebooks are served with the running kernel's language version."""
+
+    async def get(self, path, content=True, type=None, format=None, **kwargs):
+        return with_running_version(await super().get(path, content=content, type=type, format=format, **kwargs))
+
+
 def config_folder() -> Path:
     """Write the lab's config (hook, nbgrader off) into build/lab-config and return the folder."""
     folder = build_dir("lab-config")
     extensions = {f"nbgrader.server_extensions.{name}": False for name in NBGRADER_SERVER_EXTENSIONS}
-    server = {"ServerApp": {"jpserver_extensions": extensions},
-              "ContentsManager": {"pre_save_hook": f"{__name__}.strip_outputs_on_save"}}
+    server = {"ServerApp": {"jpserver_extensions": extensions, "contents_manager_class": f"{MODULE}.KitContentsManager"},
+              "ContentsManager": {"pre_save_hook": f"{MODULE}.strip_outputs_on_save"}}
     (folder / "jupyter_server_config.json").write_text(json.dumps(server, indent=2))
     (folder / "labconfig").mkdir(exist_ok=True)
     (folder / "labconfig" / "page_config.json").write_text(json.dumps({"disabledExtensions": {"@jupyter/nbgrader": True}}, indent=2))
@@ -50,8 +82,10 @@ def lab_environment() -> dict[str, str]:
 
 
 def lab_command(extra: list[str]) -> list[str]:
-    root = kit_root() or Path.cwd()
-    command = [str(Path(sys.executable).parent / "jupyter"), "lab", f"--notebook-dir={root}"]
+    """`jupyter lab` on the kit's folder, unless ``extra`` names another (--notebook-dir= or --ServerApp.root_dir=)."""
+    command = [str(Path(sys.executable).parent / "jupyter"), "lab"]
+    if not any(arg.startswith(("--notebook-dir", "--ServerApp.root_dir")) for arg in extra):
+        command.append(f"--notebook-dir={kit_root() or Path.cwd()}")
     if os.geteuid() == 0:
         command.append("--allow-root")
     return command + extra

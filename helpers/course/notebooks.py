@@ -22,7 +22,7 @@ import nbformat
 from jupyter_client.manager import KernelManager
 from traitlets import default
 
-from helpers.core.report import Column, Report
+from helpers.core.report import Report, column
 
 CELL_TIMEOUT_S = 600
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -39,9 +39,9 @@ def find_notebooks(*roots: str | Path) -> list[Path]:
 
 @dataclass
 class NotebookRun:
-    notebook: str
-    status: str
-    seconds: float
+    notebook: str = column("notebook")
+    status: str = column("status")
+    seconds: float = column("seconds", ".1f")
     error: str | None
     output: Path
     html: Path | None
@@ -51,7 +51,6 @@ class RunReport(Report):
     """One row per executed notebook: its status and how long it took."""
 
     title = "Notebook runs"
-    columns = (Column("notebook", "notebook"), Column("status", "status"), Column("seconds", "seconds", ".1f"))
 
     @property
     def failed(self) -> list[NotebookRun]:
@@ -152,8 +151,25 @@ def run_all(roots: Sequence[str | Path], output_dir: str | Path, parameters: dic
     return RunReport(runs)
 
 
+# What the kit's kernel (ipykernel, "python3") reports about itself, less the Python version, which differs
+# between machines: stored notebooks carry exactly this, and `make lab` adds the running version when it
+# opens one, so that JupyterLab finds nothing to update and the notebook opens unmodified.
+KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
+LANGUAGE_INFO = {
+    "codemirror_mode": {"name": "ipython", "version": 3},
+    "file_extension": ".py",
+    "mimetype": "text/x-python",
+    "name": "python",
+    "nbconvert_exporter": "python",
+    "pygments_lexer": "ipython3",
+}
+
+
 def clean(nb) -> None:
-    """Remove outputs, execution counts and run metadata from a notebook (a NotebookNode or its JSON dict), in place."""
+    """Remove outputs, execution counts and run metadata from a notebook (a NotebookNode or its JSON dict), in place.
+
+    The kernel's metadata is set to the kit's stored form (``KERNELSPEC``, ``LANGUAGE_INFO``: no Python version).
+    """
     for cell in nb["cells"]:
         if cell["cell_type"] == "code":
             cell["outputs"] = []
@@ -162,6 +178,16 @@ def clean(nb) -> None:
         cell.get("metadata", {}).pop("papermill", None)
     for key in ("papermill", "widgets"):
         nb["metadata"].pop(key, None)
+    nb["metadata"]["kernelspec"] = dict(KERNELSPEC)
+    nb["metadata"]["language_info"] = {**LANGUAGE_INFO, "codemirror_mode": dict(LANGUAGE_INFO["codemirror_mode"])}
+
+
+def is_clean(path: str | Path) -> bool:
+    """True when the stored notebook is exactly what ``make strip`` would write."""
+    nb = nbformat.read(Path(path), as_version=4)
+    before = nbformat.writes(nb)
+    clean(nb)
+    return nbformat.writes(nb) == before
 
 
 def strip_outputs(path: str | Path) -> bool:
