@@ -17,6 +17,7 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     ".widgets": ["alexnet_explorer"],
     ".starvation": ["starvation_sweep"],
     ".systolic": ["compare_dataflows", "systolic_matmul"],
+    ".sparsity": ["sparse_matmul"],
     ".workingset": ["estimate_training_for", "memory_levels"],
     ".hierarchy": ["memory_spaces"],
     ".kernels": ["gpu_kernel_timings", "kernel_matmul", "kernel_source", "matmul_kernels", "triton_check"],
