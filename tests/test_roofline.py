@@ -109,7 +109,11 @@ def test_a_row_holds_achieved_rate_roof_and_share():
     assert row.pct_of_roof == pytest.approx(200)
     assert row.achieved_bandwidth == pytest.approx(12e9)
     report = roofline_from([(add, 1e-6), (matmul_workload(64), 1e-3)], peak=1e12, bandwidth=6e9)
-    assert "Above their roof: add (200%)" in report.verdict()
+    assert "Above their roof: add (200%)" in report.verdict() and "caches serve data faster" in report.verdict()
+    assert "understates" not in report.verdict()
+    too_fast = roofline_from([(matmul_workload(1024), 1e-3)], peak=1e12, bandwidth=6e9)  # 2.1 TFLOP/s against 1 TFLOP/s
+    assert "Above their roof: matmul n=1024 (215%)" in too_fast.verdict() and "understates" in too_fast.verdict()
+    assert "caches" not in too_fast.verdict()
 
 
 def test_bad_inputs_say_what_to_do():

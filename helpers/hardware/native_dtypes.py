@@ -52,13 +52,14 @@ def speed_sentence(device: str, dtype: str, native: bool, evidence: str, ratio: 
         head = f"{dtype} on {device}: the kit reports native arithmetic ({evidence}), and an n = {n} matmul {speed}"
         if ratio < 1 / SAME_SPEED:
             return f"{head}: native units and half the bytes per number pay off."
-        return f"{head}: support alone did not make it faster at this size; try a larger n."
+        return f"{head}: support alone did not make it faster at this size, or other work disturbed the timing; try a larger n, or run again."
     head = f"{dtype} on {device}: the kit finds no native arithmetic ({evidence}), and an n = {n} matmul {speed}"
     if ratio > EMULATED:
         return f"{head}: torch falls back to a generic loop that computes in fp32 value by value, so the format runs, emulated, far slower."
     if ratio >= 1 / SAME_SPEED:
         return f"{head}: the work is converted to fp32 and done by fp32 units, so the format saves memory here, not time."
-    return f"{head}, faster all the same: some library path beats fp32 here, so this CPU may have support the kit does not know of."
+    return (f"{head}, faster all the same: this CPU may have support the kit does not know of, or other work disturbed "
+            "the fp32 timing; run again before trusting it.")
 
 
 @dataclass

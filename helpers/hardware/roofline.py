@@ -364,8 +364,14 @@ class Roofline(Report):
         above = [r for r in self.rows if r.pct_of_roof > 100]
         if above:
             named = ", ".join(f"{r.name} ({_percent(r.pct_of_roof)}%)" for r in above)
-            lines.append(f"Above their roof: {named}. A roof is only as good as its figures: data served from caches beats "
-                         "memory bandwidth, and a peak that is a bound, or a stand-in, can be exceeded.")
+            why = []
+            if any(r.bound == "memory" for r in above):
+                why.append("caches serve data faster than the memory bandwidth the roof assumes")
+                if self.roofs.bandwidth_source.startswith("measured"):
+                    why.append("a copy timed while other work shared the machine measures too low a bandwidth")
+            if any(r.bound == "compute" for r in above):
+                why.append(f"the peak ({self.roofs.peak_source}) understates what this device did")
+            lines.append(f"Above their roof: {named}. A roof is only as good as its figures: {'; '.join(why)}.")
         return "\n".join(lines)
 
     def plot(self, ax=None):
@@ -378,20 +384,43 @@ class Roofline(Report):
         xs = [low, self.ridge, high]
         ax.plot(xs, [roof(x, self.peak, self.bandwidth) for x in xs], color="black", linewidth=2,
                 label="roof: min(peak, FLOP/byte x bandwidth)")
-        plots.vertical_line(ax, self.ridge, f"ridge {self.ridge:.3g} FLOP/byte")
+        ax.axvline(self.ridge, linestyle="--", color="black", linewidth=1.0, alpha=0.6)
+        ax.annotate(f"ridge {self.ridge:.3g} FLOP/byte", xy=(self.ridge, 0.02), xycoords=("data", "axes fraction"),
+                    xytext=(-3, 0), textcoords="offset points", rotation=90, ha="right", va="bottom", fontsize=8)
         ax.annotate(f"peak {format_rate(self.peak)}", xy=(high, self.peak), textcoords="offset points", xytext=(-4, 4),
                     ha="right", va="bottom", fontsize=9)
-        ax.annotate(f"{self.bandwidth / 1e9:,.1f} GB/s", xy=(low, low * self.bandwidth), textcoords="offset points",
+        ax.annotate(f"{self.bandwidth / 1e9:,.3g} GB/s", xy=(low, low * self.bandwidth), textcoords="offset points",
                     xytext=(4, 6), ha="left", va="bottom", fontsize=9)
         kinds = list(dict.fromkeys(r.kind for r in self.rows))
         for i, kind in enumerate(kinds):
             points = [r for r in self.rows if r.kind == kind]
             ax.scatter([p.intensity for p in points], [p.achieved for p in points], s=50, zorder=3,
                        color=plots.color_for(kind, i + 1), label=kind)
-            for j, p in enumerate(points):  # labels alternate below and above their point, so neighbours rarely collide
-                ax.annotate(p.name, (p.intensity, p.achieved), textcoords="offset points", xytext=(5, -11 if j % 2 == 0 else 5), fontsize=8)
-        ax.legend(loc="upper left")  # above the sloped roof, where no point can be
+        _label_points(ax, [(r.intensity, r.achieved, r.name) for r in self.rows])
+        ax.legend(loc="upper left")  # far above the sloped roof, where points rarely are
         return ax
+
+
+def _label_points(ax, points: Sequence[tuple[float, float, str]], fontsize: int = 8) -> None:
+    """Write each name right of its point, shifted down or up (nearest first, with a leader line) until it clears the
+    points and the labels already placed."""
+    ax.autoscale_view()
+    pixels_per_point = ax.figure.dpi / 72
+    height = fontsize * 1.3 * pixels_per_point
+    where = [(*ax.transData.transform((x, y)), name) for x, y, name in points]
+    taken = [(px - 5 * pixels_per_point, px + 5 * pixels_per_point, py) for px, py, _ in where]  # the markers themselves
+    for (x, y, _), (px, py, name) in sorted(zip(points, where), key=lambda pair: (pair[1][0], -pair[1][1])):
+        left = px + 6 * pixels_per_point
+        right = left + 0.62 * fontsize * pixels_per_point * len(name)
+        for step in range(12):
+            offset = height * ((step + 1) // 2) * (-1 if step % 2 else 1)  # 0, down 1, up 1, down 2, ...
+            if not any(abs(py + offset - other_y) < height and left < other_right and other_left < right
+                       for other_left, other_right, other_y in taken):
+                break
+        taken.append((left, right, py + offset))
+        leader = {"arrowprops": {"arrowstyle": "-", "color": "grey", "linewidth": 0.6, "shrinkA": 0, "shrinkB": 4}} if offset else {}
+        ax.annotate(name, (x, y), textcoords="offset points", xytext=(6, offset / pixels_per_point - 3), fontsize=fontsize,
+                    va="center" if offset else "baseline", **leader)
 
 
 def measure_roofline(workloads: Sequence[Workload], device: str | torch.device | None = None, *, peak: float | None = None,
