@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Sequence
 
 import torch
@@ -28,6 +29,7 @@ from helpers.core import plots
 from helpers.core.device import cpu_threads, gpu_notice, is_gpu, pick_device
 from helpers.core.report import Report, column, format_bytes, format_seconds
 from helpers.core.timing import timeit
+from helpers.hardware.matmuls import matmul_precision
 from helpers.hardware.workingset import memory_levels
 
 CPU_KERNELS = ("naive", "reordered", "blocked")
@@ -78,11 +80,16 @@ def check_operands(a: torch.Tensor, b: torch.Tensor, kernel: str) -> None:
         raise ValueError(f"unknown kernel {kernel!r}; choose one of {', '.join(CPU_KERNELS + GPU_KERNELS)}")
 
 
+@lru_cache(maxsize=1)
+def cpu_l2_bytes() -> int:
+    """This CPU's L2 size from the OS (read once: it takes a millisecond), else DEFAULT_PANEL_L2_BYTES."""
+    l2 = [lv.bytes for lv in memory_levels(torch.device("cpu")) if lv.name.startswith("L2")]
+    return l2[0] if l2 else DEFAULT_PANEL_L2_BYTES
+
+
 def panel_rows_for(n_columns: int, l2_bytes: int | None = None) -> int:
     """Rows of B per panel in the blocked kernel: a panel of float32 rows filling half of L2 (at least 8 rows)."""
-    if l2_bytes is None:
-        l2 = [lv.bytes for lv in memory_levels(torch.device("cpu")) if lv.name.startswith("L2")]
-        l2_bytes = l2[0] if l2 else DEFAULT_PANEL_L2_BYTES
+    l2_bytes = l2_bytes or cpu_l2_bytes()
     return max(8, l2_bytes // 2 // (4 * max(n_columns, 1)))
 
 
@@ -206,7 +213,7 @@ class KernelTimings(Report):
 
     def __init__(self, rows: Sequence[KernelPoint], device: torch.device, library: str, threads: int | None, notes: Sequence[str], naive_up_to: int | None):
         self.device, self.library, self.threads, self.naive_up_to = device, library, threads, naive_up_to
-        where = torch.cuda.get_device_name(device) if is_gpu(device) else f"CPU, {threads} thread{'s' if threads != 1 else ''}"
+        where = torch.cuda.get_device_name(device) if is_gpu(device) else f"CPU, {threads} thread{'s' if threads != 1 else ''}" if threads else "not run: no GPU"
         self.title = f"Matrix-product kernels against {library} ({where})"
         super().__init__(rows, notes)
         self.notes = [*self.notes, *self.conclusions()]
@@ -240,17 +247,17 @@ class KernelTimings(Report):
         verdicts = {
             "paid off": [n for n, g in blocked_gain if g and g >= NOTICEABLE],
             "made no clear difference": [n for n, g in blocked_gain if g and 1 / NOTICEABLE < g < NOTICEABLE],
-            "cost time (its extra loop without any cache to win)": [n for n, g in blocked_gain if g and g <= 1 / NOTICEABLE],
+            "cost time": [n for n, g in blocked_gain if g and g <= 1 / NOTICEABLE],
         }
         found = [f"{verdict} at n = {', '.join(f'{n:,}' for n in sizes)}" for verdict, sizes in verdicts.items() if sizes]
         if found:
-            out.append("Blocking (against the reordered loop) " + "; ".join(found) + ".")
+            out.append("Blocking, against the reordered loop: " + "; ".join(found) + ".")
         return out
 
     def plot(self, ax=None):
         ax = plots.new_axes(ax, title=self.title, xlabel="matrix size n (log scale)", ylabel="GFLOP/s (log scale)", logx=True, logy=True)
         if not self.rows:
-            ax.text(0.5, 0.5, "nothing timed: " + (self.notes[0] if self.notes else "no rows"), transform=ax.transAxes, ha="center", va="center", wrap=True, fontsize=9)
+            ax.text(0.5, 0.5, f"nothing timed: no GPU here (device {self.device})", transform=ax.transAxes, ha="center", va="center")
             return ax
         series = {kernel: ([r.n for r in self.rows if r.kernel == kernel], [r.gflops for r in self.rows if r.kernel == kernel]) for kernel in self.kernels}
         plots.line_chart(series, ax, styles={self.library: "--"}, title=self.title, xlabel="matrix size n (log scale)", ylabel="GFLOP/s (log scale)", logx=True, logy=True)
@@ -305,7 +312,7 @@ def matmul_kernels(sizes: Sequence[int], device: str | torch.device | None = Non
     library = f"{LIBRARY} ({'cuBLAS' if gpu else 'oneDNN/MKL'})"
     points = []
     generator = torch.Generator().manual_seed(0)
-    with cpu_threads(threads):
+    with cpu_threads(threads), matmul_precision("fp32"):  # fp32 on a GPU: IEEE products in cuBLAS too, no TF32
         for n in sorted(sizes):
             m = rows or n
             a = torch.randn(m, n, generator=generator).to(device=device, dtype=dtype)
@@ -345,3 +352,41 @@ def gpu_kernel_timings(sizes: Sequence[int], device: str | torch.device | None =
         return matmul_kernels(sizes, device, **options)
     notice = gpu_notice("compiled Triton kernels timed against cuBLAS; the numba loops are the CPU side", device, echo=False)
     return KernelTimings([], device, f"{LIBRARY} (cuBLAS)", None, [notice], None)
+
+
+# ---------------------------------------------------------------- what each launch asks of memory
+
+
+@dataclass
+class LaunchPlan:
+    kernel: str = column("kernel")
+    n: int = column("n", ",")
+    programs: int = column("programs (thread blocks)", ",")
+    outputs_per_program: int = column("outputs per program", ",")
+    loads_from_global: int = column("values loaded from global memory", ",")
+    loads_per_multiply_add: float = column("loads per multiply-add", ".3f")
+
+
+class LaunchPlans(Report):
+    """Derived, not measured: how many programs each Triton kernel launches and how much it reads from global memory."""
+
+    title = "The two Triton kernels' grids and global-memory reads, n x n @ n x n (derived)"
+
+
+def launch_plan(sizes: Sequence[int], block_m: int = 64, block_n: int = 64) -> LaunchPlans:
+    """Programs and global-memory reads of the naive and tiled kernels (``block_m`` x ``block_n`` output tiles) for each n.
+
+    Counted as if nothing were cached: the naive program for C[i, j] reads row i of A
+    and column j of B (2n values); a tiled program reads a block_m-row strip of A and a
+    block_n-column strip of B (n * (block_m + block_n) values) for block_m * block_n outputs.
+    """
+    if any(not isinstance(n, int) or n < 1 for n in sizes) or block_m < 1 or block_n < 1:
+        raise ValueError(f"launch_plan: sizes and blocks must be positive integers, got sizes={list(sizes)!r}, blocks={block_m}x{block_n}")
+    rows = []
+    for n in sizes:
+        tiles = -(-n // block_m) * -(-n // block_n)
+        rows.append(LaunchPlan("triton naive", n, n * n, 1, 2 * n**3, 2 * n**3 / n**3))
+        rows.append(LaunchPlan("triton tiled", n, tiles, block_m * block_n, tiles * n * (block_m + block_n), tiles * n * (block_m + block_n) / n**3))
+    notes = [f"Tiles of {block_m} x {block_n} outputs: each value the tiled kernel loads is used {block_n} (A) or {block_m} (B) times "
+             "from fast on-chip memory; the naive kernel uses each once, and relies on the L2 cache to avoid going to HBM every time."]
+    return LaunchPlans(rows, notes)
