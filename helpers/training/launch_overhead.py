@@ -163,7 +163,7 @@ def _measured(name: str, fn: Callable, x: torch.Tensor, reference: torch.Tensor,
 def _compile(chain: nn.Module, x: torch.Tensor, mode: str | None, device: torch.device, calls: int):
     """torch.compile(chain, mode) and the seconds of its first ``calls`` calls (compilation, and for
     reduce-overhead the warm-up and graph recording that follow it); the output of a further call, cloned."""
-    torch._dynamo.reset()  # a fresh start, so the first call pays for the whole compilation
+    torch.compiler.reset()  # a fresh start, so the first call pays for the whole compilation
     compiled = torch.compile(chain, mode=mode)
     start = time.perf_counter()
     for _ in range(calls):
@@ -236,7 +236,7 @@ def measure_launch_overhead(
                 spent += setup
                 how = "the chain fused into one kernel" if mode is None else "fused, then replayed as a CUDA graph"
                 rows.append(_measured(name, compiled, x, reference, eager, length, setup, how, device, min_run_time, output))
-        torch._dynamo.reset()
+        torch.compiler.reset()
     if notice:
         notes.append(notice)
     return LaunchOverhead(rows, length, elements, device, notes)
