@@ -25,7 +25,16 @@ from helpers.hardware import (  # noqa: E402
     ridge_point,
     roof,
 )
-from helpers.hardware.roofline import Roofline, Roofs, bound_by, ieee_fp32, intensity_label, roofline_point  # noqa: E402
+from helpers.hardware.roofline import (  # noqa: E402
+    Roofline,
+    Roofs,
+    bound_by,
+    copy_workload,
+    device_roofs,
+    ieee_fp32,
+    intensity_label,
+    roofline_point,
+)
 
 
 def counted_flops(workload) -> int:
@@ -168,8 +177,11 @@ def test_without_a_known_peak_the_best_measured_rate_stands_in():
         assert report.peak == max(r.achieved for r in report.rows)
 
 
-def test_measured_bandwidth_is_a_positive_rate():
-    assert 0 < measure_bandwidth("cpu", mib=8, min_run_time=0.01) < float("inf")
+def test_measured_bandwidth_is_a_positive_rate_of_a_copy_counted_both_ways():
+    assert copy_workload(8).bytes == 2 * 8 * 2**20 and copy_workload(8).flops == 0
+    assert 0 < measure_bandwidth("cpu", mib=8, min_run_time=0.01, rounds=1) < float("inf")
+    assert device_roofs("cpu").bandwidth is None  # the kit knows no CPU bandwidth: measure_roofline measures it
+    assert device_roofs("cpu", bandwidth=5e9).bandwidth_source == "given"
 
 
 def test_the_chart_has_the_roof_the_ridge_and_every_point():

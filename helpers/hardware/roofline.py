@@ -19,6 +19,7 @@ Conventions (the same for every operator here):
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
@@ -213,19 +214,26 @@ def default_workloads(device: str | torch.device = "cpu", dtype: str = "fp32", m
 # ---------------------------------------------------------------- the device's two roofs
 
 
-def measure_bandwidth(device: str | torch.device | None = None, mib: int = 256, min_run_time: float = 0.3, rounds: int = 3) -> float:
-    """Memory bandwidth in bytes/s from copying ``mib`` MiB on ``device``: the copy reads and writes it (2 x mib moved).
+def copy_workload(mib: int, device: str | torch.device = "cpu") -> Workload:
+    """A copy of ``mib`` MiB on ``device``: no FLOPs, ``mib`` MiB read and ``mib`` MiB written. It measures bandwidth."""
+    _check_sizes(mib=mib)
+    device, numel = torch.device(device), mib * 2**20 // 4
 
-    The fastest block of ``rounds`` timings, as for the operators (``fastest_seconds``).
+    def prepare():
+        src = torch.ones(numel, device=device)
+        dst = torch.empty_like(src)
+        return lambda: dst.copy_(src)
+
+    return Workload(f"copy {mib} MiB", "copy", f"{mib} MiB", "fp32", 0, 2 * numel * 4, prepare)
+
+
+def measure_bandwidth(device: str | torch.device | None = None, mib: int = 256, min_run_time: float = 0.1, rounds: int = 3) -> float:
+    """Memory bandwidth in bytes/s from copying ``mib`` MiB on ``device`` (read + write counted), timed as the operators are.
 
     Pick ``mib`` well past the last-level cache, or the figure is the cache's bandwidth, not memory's.
     """
-    _check_sizes(mib=mib, rounds=rounds)
-    device = pick_device(device)
-    src = torch.ones(mib * 2**20 // 4, device=device)
-    dst = torch.empty_like(src)
-    seconds = min(min(timeit(dst.copy_, src, device=device, min_run_time=min_run_time / rounds).times) for _ in range(rounds))
-    return 2 * src.nbytes / seconds
+    copy = copy_workload(mib, pick_device(device))
+    return copy.bytes / fastest_seconds([copy], pick_device(device), min_run_time, rounds)[0]
 
 
 @dataclass(frozen=True)
@@ -234,13 +242,13 @@ class Roofs:
 
     peak: float | None  # FLOP/s; None: the kit knows none (the best measured rate stands in later)
     peak_source: str
-    bandwidth: float  # bytes/s
+    bandwidth: float | None  # bytes/s; None: unknown until measured
     bandwidth_source: str
 
 
 def device_roofs(device: str | torch.device | None = None, dtype: str = "fp32", peak: float | None = None,
-                 bandwidth: float | None = None, bandwidth_mib: int = 256, min_run_time: float = 0.2) -> Roofs:
-    """Peak FLOP/s and bandwidth of ``device``: given ones first, else the kit's (datasheet, ISA bound), else measured."""
+                 bandwidth: float | None = None) -> Roofs:
+    """Peak FLOP/s and bandwidth of ``device``: given ones first, else what the kit knows (datasheet, ISA bound), else None."""
     device = pick_device(device)
     _element_size(dtype)
     where = f"GPU datasheet ({gpu_spec(device).name})" if is_gpu(device) and gpu_spec(device) else "datasheet"
@@ -254,13 +262,9 @@ def device_roofs(device: str | torch.device | None = None, dtype: str = "fp32", 
             peak_source = f"the kit knows no {dtype} peak for this device"
     if bandwidth is not None:
         _check_positive(bandwidth=bandwidth)
-        bandwidth_source = "given"
-    elif peak_bandwidth(device):
-        bandwidth, bandwidth_source = peak_bandwidth(device), where
-    else:
-        bandwidth = measure_bandwidth(device, bandwidth_mib, min_run_time)
-        bandwidth_source = f"measured: a {bandwidth_mib} MiB copy on {device}, read + write counted (no datasheet figure for it)"
-    return Roofs(peak, peak_source, bandwidth, bandwidth_source)
+        return Roofs(peak, peak_source, bandwidth, "given")
+    known = peak_bandwidth(device)
+    return Roofs(peak, peak_source, known, where if known else "the kit knows no bandwidth for this device")
 
 
 # ---------------------------------------------------------------- the report
@@ -323,8 +327,9 @@ class Roofline(Report):
     def __init__(self, rows: Sequence[RooflinePoint], device: torch.device, dtype: str, roofs: Roofs):
         if not rows:
             raise ValueError("a roofline needs at least one measured operator")
-        if roofs.peak is None:
-            raise ValueError("roofs.peak is None: measure_roofline() stands the best measured rate in for it")
+        if roofs.peak is None or roofs.bandwidth is None:
+            raise ValueError("a roofline needs both roofs: measure_roofline() measures a bandwidth the kit does not know "
+                             "and stands the best measured rate in for an unknown peak")
         self.device, self.dtype, self.roofs = torch.device(device), dtype, roofs
         self.peak, self.bandwidth = roofs.peak, roofs.bandwidth
         self.ridge = ridge_point(self.peak, self.bandwidth)
@@ -429,8 +434,8 @@ def measure_roofline(workloads: Sequence[Workload], device: str | torch.device |
     """Time each workload on ``device`` (``fastest_seconds``: helpers.timeit, in turns) and place it under the roofline.
 
     ``peak`` (FLOP/s) and ``bandwidth`` (bytes/s) default to what the kit knows of the device; a bandwidth it
-    does not know is measured with a ``bandwidth_mib`` MiB copy. Without a known peak the best measured rate
-    stands in for it, and the notes say so.
+    does not know is measured with a ``bandwidth_mib`` MiB copy, timed in the same rounds as the operators.
+    Without a known peak the best measured rate stands in for it, and the notes say so.
     """
     if not workloads:
         raise ValueError("no workloads to measure: pass a list such as default_workloads(device)")
@@ -438,11 +443,15 @@ def measure_roofline(workloads: Sequence[Workload], device: str | torch.device |
     if len(dtypes) > 1:
         raise ValueError(f"the workloads mix dtypes {sorted(dtypes)}; one roofline is for one dtype: measure each apart")
     device, dtype = pick_device(device), dtypes.pop()
-    roofs = device_roofs(device, dtype, peak, bandwidth, bandwidth_mib)
-    seconds = fastest_seconds(workloads, device, min_run_time, rounds)
+    roofs = device_roofs(device, dtype, peak, bandwidth)
+    copy = [copy_workload(bandwidth_mib, device)] if roofs.bandwidth is None else []
+    seconds = fastest_seconds([*workloads, *copy], device, min_run_time, rounds)
+    if copy:  # timed in the same rounds as the operators, so both saw the machine in the same state
+        source = f"measured: a {bandwidth_mib} MiB copy on {device} timed in turns with the operators, read + write counted"
+        roofs = dataclasses.replace(roofs, bandwidth=copy[0].bytes / seconds.pop(), bandwidth_source=source)
     if roofs.peak is None:
         best = max(w.flops / s for w, s in zip(workloads, seconds))
-        roofs = Roofs(best, f"{roofs.peak_source}: the best measured rate stands in", roofs.bandwidth, roofs.bandwidth_source)
+        roofs = dataclasses.replace(roofs, peak=best, peak_source=f"{roofs.peak_source}: the best measured rate stands in")
     rows = [roofline_point(w, s, roofs.peak, roofs.bandwidth) for w, s in zip(workloads, seconds)]
     return Roofline(rows, device, dtype, roofs)
 
