@@ -227,6 +227,29 @@ class KernelTable(Report):
         parts = [super()._repr_html_(), self.kernels._repr_html_()]
         return "".join(parts + ([self.onednn._repr_html_()] if self.onednn is not None else []))
 
+    @property
+    def matrix_share(self) -> float:
+        """The share of time in matrix products and convolutions (every GEMM/conv class)."""
+        classes = (TENSOR_CORE, PLAIN_MATMUL) if is_gpu(self.device) else (CPU_GEMM, CPU_CONV)
+        return sum(r.share for r in self.rows if r.kernel_class in classes)
+
+    def conclusions(self) -> list[str]:
+        """Sentences drawn from the measured shares and names."""
+        top = self.kernels.rows[0] if self.kernels.rows else None
+        lines = [f"{self.label}: {self.matrix_share:.0%} of the {'kernel' if is_gpu(self.device) else 'op'} time went to "
+                 f"matrix products and convolutions, {1 - self.matrix_share:.0%} to everything else"
+                 + (f"; the largest single entry is {top.name[:60]} ({top.share:.0%}, {top.kernel_class})." if top else ".")]
+        if is_gpu(self.device):
+            tc, plain = self.find(kernel_class=TENSOR_CORE), self.find(kernel_class=PLAIN_MATMUL)
+            lines.append(f"Tensor cores (by kernel name): {tc.share:.0%} of GPU time in {tc.kernels} kernels; GEMM/conv kernels "
+                         f"whose name shows no tensor-core marker: {plain.share:.0%}.")
+        elif self.onednn is not None and self.onednn.rows:
+            implementations = sorted({r.name.split()[1] for r in self.onednn.rows if r.kernel_class in (CPU_GEMM, CPU_CONV)})
+            lines.append("oneDNN implementations of its convolutions and matrix products: " + (", ".join(implementations) or "none")
+                         + ("; 'brg' names are oneDNN's batch-reduce GEMM kernels" if any("brg" in i for i in implementations) else "")
+                         + ("; 'amx' ones use the AMX matrix unit, the CPU's tensor core" if any("amx" in i for i in implementations) else "") + ".")
+        return lines
+
     def plot(self, ax=None):
         shown = [r for r in self.rows if r.seconds > 0]
         return plots.horizontal_bars([r.kernel_class for r in shown], [100 * r.share for r in shown], ax,

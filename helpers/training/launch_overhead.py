@@ -237,6 +237,9 @@ def measure_launch_overhead(
                 how = "the chain fused into one kernel" if mode is None else "fused, then replayed as a CUDA graph"
                 rows.append(_measured(name, compiled, x, reference, eager, length, setup, how, device, min_run_time, output))
         torch.compiler.reset()
+    if spent:
+        notes.append("compile times include what torch.compile's caches saved: the same chain compiled before "
+                     "(on disk, or by an earlier cell) compiles faster")
     if notice:
         notes.append(notice)
     return LaunchOverhead(rows, length, elements, device, notes)
