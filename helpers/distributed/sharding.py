@@ -1,0 +1,304 @@
+"""Map-style against iterable data sets, and sharding a stream across DataLoader workers and ranks.
+
+A map-style data set (``__len__`` and ``__getitem__``) lets a sampler pick any index in any order: the
+DataLoader shuffles it, ``DistributedSampler`` splits it across ranks. An iterable data set is a stream: it
+yields samples one after the other and nobody can ask it for sample 1234. Every copy of it, in every
+DataLoader worker of every rank, starts the same stream from the beginning, so unless each copy keeps only
+its own share, a job of R ranks with W workers each reads every sample R x W times per epoch.
+
+``DigitStream`` is such a stream over real MNIST digits; ``shard_by`` says which readers split it.
+``dataset_styles`` measures what the two kinds give; ``sharding_check`` counts, on real gloo ranks with
+real DataLoader workers, how often each sample is read per epoch.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import multiprocessing as mp
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset, IterableDataset, RandomSampler, get_worker_info
+
+from helpers.core import plots
+from helpers.core.data import Digits, normalise
+from helpers.core.report import Report, column, format_seconds
+from helpers.core.workers import launch
+
+SHARDINGS = {
+    "none": (),
+    "ranks only": ("rank",),
+    "ranks and workers": ("rank", "worker"),
+}
+
+
+class DigitStream(IterableDataset):
+    """MNIST digits read as a stream, one after the other, in an order fixed by ``seed`` and the epoch.
+
+    ``shard_by`` names the readers that split the stream between them: ``()`` nobody (every copy reads all
+    of it: the classic bug), ``("rank",)`` the ranks (but each of a rank's DataLoader workers reads all of
+    the rank's share), ``("rank", "worker")`` every (rank, worker) pair keeps every n-th sample of the epoch's
+    order, starting at its own position: each sample once per epoch. The order is a permutation seeded by
+    ``seed + epoch``, so every rank computes the same one without talking to the others; call
+    ``set_epoch`` before each epoch (DataLoader workers get a fresh copy of the stream at every epoch,
+    unless ``persistent_workers=True`` keeps the first one). Each sample is a dict: ``image``, ``label``,
+    ``index`` (its position in the data set) and ``worker`` (the DataLoader worker that read it).
+    """
+
+    def __init__(self, digits: Digits, *, rank: int | None = None, world_size: int | None = None,
+                 shard_by: Sequence[str] = ("rank", "worker"), shuffle: bool = True, seed: int = 0):
+        unknown = set(shard_by) - {"rank", "worker"}
+        if unknown:
+            raise ValueError(f"shard_by={tuple(shard_by)!r}: only 'rank' and 'worker' can split a stream (got {sorted(unknown)}).")
+        if rank is None and world_size is None:
+            in_group = dist.is_available() and dist.is_initialized()
+            rank, world_size = (dist.get_rank(), dist.get_world_size()) if in_group else (0, 1)
+        if rank is None or world_size is None:
+            raise ValueError(f"rank={rank!r}, world_size={world_size!r}: give both, or neither to read them from torch.distributed.")
+        if not isinstance(world_size, int) or world_size < 1 or not isinstance(rank, int) or not 0 <= rank < world_size:
+            raise ValueError(f"rank={rank!r}, world_size={world_size!r}: need an integer world size >= 1 and 0 <= rank < world size.")
+        self.images, self.labels = digits.images, digits.labels
+        self.description = digits.description
+        self.rank, self.world_size = rank, world_size
+        self.shard_by, self.shuffle, self.seed = tuple(shard_by), shuffle, seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch whose order the next iteration reads (the same call on every rank)."""
+        self.epoch = epoch
+
+    def order(self) -> torch.Tensor:
+        """The epoch's order of sample indices: the same on every rank and worker."""
+        if not self.shuffle:
+            return torch.arange(len(self.labels))
+        return torch.randperm(len(self.labels), generator=torch.Generator().manual_seed(self.seed + self.epoch))
+
+    def reader(self) -> tuple[int, int]:
+        """(this reader's position, how many readers split the stream), from the rank and the DataLoader worker."""
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        position, readers = 0, 1
+        if "rank" in self.shard_by:
+            position, readers = self.rank, self.world_size
+        if "worker" in self.shard_by:
+            position, readers = position * workers + worker, readers * workers
+        return position, readers
+
+    def __iter__(self):
+        info = get_worker_info()
+        worker = info.id if info is not None else 0
+        position, readers = self.reader()
+        for index in self.order()[position::readers].tolist():
+            yield _sample(self.images, self.labels, index, worker)
+
+
+def _sample(images: torch.Tensor, labels: torch.Tensor, index: int, worker: int) -> dict:
+    """One record: the normalised 1 x 28 x 28 image, its label, its index in the data set, the worker that read it."""
+    return {"image": normalise(images[index]).unsqueeze(0), "label": int(labels[index]), "index": index, "worker": worker}
+
+
+# ---------------------------------------------------------------- map-style against iterable
+
+
+@dataclass
+class StyleRow:
+    style: str = column("data set")
+    has_len: str = column("len()")
+    random_access: str = column("dataset[i]")
+    loader_shuffle: str = column("DataLoader(shuffle=True)")
+    samples: int = column("samples / epoch", ",")
+    distinct: int = column("distinct", ",")
+    epochs_differ: bool = column("epoch 2 order differs")
+    seconds: float = column("epoch time", format_seconds)
+    samples_per_second: float = column("samples/s", ",.0f")
+
+
+class StylesReport(Report):
+    """What a map-style data set and a stream each give a DataLoader: measured by trying, and timed over one epoch."""
+
+    title = "Map-style against iterable data sets, on the same digits"
+
+
+def _try(action) -> str:
+    try:
+        value = action()
+    except Exception as err:  # noqa: BLE001 - the point is to show what each kind refuses
+        return f"{type(err).__name__}"
+    return f"{value:,}" if isinstance(value, int) else "works"
+
+
+def _read_epoch(loader: DataLoader) -> tuple[list[int], float]:
+    start, order = time.perf_counter(), []
+    for batch in loader:
+        order += batch["index"].tolist()
+    return order, time.perf_counter() - start
+
+
+class DigitRecords(Dataset):
+    """The same digits as a map-style data set: a length, and any sample by its index (the same dict as ``DigitStream``)."""
+
+    def __init__(self, digits: Digits):
+        self.images, self.labels = digits.images, digits.labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> dict:
+        return _sample(self.images, self.labels, index, worker=0)
+
+
+def dataset_styles(digits: Digits, batch_size: int = 64, seed: int = 0) -> StylesReport:
+    """The same digits as a map-style data set (shuffled by a sampler) and as a stream (``DigitStream``), side by side."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size={batch_size}: a batch holds at least one sample.")
+    mapped, stream = DigitRecords(digits), DigitStream(digits, rank=0, world_size=1, seed=seed)
+    rows = []
+    generator = torch.Generator().manual_seed(seed)
+    loader = DataLoader(mapped, batch_size=batch_size, sampler=RandomSampler(mapped, generator=generator))
+    first, seconds = _read_epoch(loader)
+    second, _ = _read_epoch(loader)
+    rows.append(StyleRow("map-style (DigitRecords + RandomSampler)", _try(lambda: len(mapped)), _try(lambda: mapped[1234 % len(mapped)]),
+                         _try(lambda: DataLoader(mapped, batch_size=batch_size, shuffle=True)),
+                         len(first), len(set(first)), first != second, seconds, len(first) / seconds))
+    loader = DataLoader(stream, batch_size=batch_size)
+    stream.set_epoch(0)
+    first, seconds = _read_epoch(loader)
+    stream.set_epoch(1)
+    second, _ = _read_epoch(loader)
+    rows.append(StyleRow("iterable (DigitStream, set_epoch)", _try(lambda: len(stream)), _try(lambda: stream[1234]),
+                         _try(lambda: DataLoader(stream, batch_size=batch_size, shuffle=True)),
+                         len(first), len(set(first)), first != second, seconds, len(first) / seconds))
+    notes = [f"data: {digits.description}.",
+             "A stream has no length and no index: the DataLoader cannot shuffle it (it raises), so the stream orders itself, by epoch."]
+    return StylesReport(rows, notes)
+
+
+# ---------------------------------------------------------------- counting reads across ranks and workers
+
+
+@dataclass
+class ShardingRow:
+    sharding: str = column("split by")
+    epoch: int = column("epoch")
+    readers: int = column("readers")
+    read: int = column("samples read", ",")
+    distinct: int = column("distinct", ",")
+    duplicates: int = column("read twice or more", ",")
+    missing: int = column("never read", ",")
+    per_reader: str = column("read per (rank, worker)")
+    max_reads: int = 0
+
+
+class ShardingReport(Report):
+    """How often each sample was read per epoch, by sharding: measured on real ranks with real DataLoader workers."""
+
+    title = "One epoch of a stream on ranks x DataLoader workers: who reads what"
+
+    def __init__(self, rows: Sequence[ShardingRow], size: int, world_size: int, workers: int, orders_agree: bool,
+                 epochs_differ: bool, ranks_disjoint: bool, data: str):
+        self.size, self.world_size, self.workers = size, world_size, workers
+        self.orders_agree, self.epochs_differ, self.ranks_disjoint = orders_agree, epochs_differ, ranks_disjoint
+        notes = [f"data: {data}; {world_size} gloo ranks x {workers} DataLoader workers each = {world_size * workers} readers.",
+                 f"sharded by ranks and workers: every rank computed the same epoch order: {orders_agree}; "
+                 f"the epochs' orders differ: {epochs_differ}; no sample went to two ranks: {ranks_disjoint}."]
+        super().__init__(rows, notes)
+
+    def plot(self, ax=None):
+        names = list(SHARDINGS)
+        first = {name: next(r for r in self.rows if r.sharding == name) for name in names}
+        ax = plots.grouped_bars(names, {"samples read in epoch 0": [first[n].read for n in names],
+                                        "distinct samples": [first[n].distinct for n in names]}, ax,
+                                title=f"{self.world_size} ranks x {self.workers} DataLoader workers read one epoch",
+                                xlabel="which readers split the stream", ylabel="samples")
+        plots.horizontal_line(ax, self.size, f"data set: {self.size:,} samples")
+        return ax
+
+    def exactly_once(self, sharding: str = "ranks and workers") -> bool:
+        """True when, in every epoch, each sample was read exactly once under ``sharding``."""
+        rows = [r for r in self.rows if r.sharding == sharding]
+        return bool(rows) and all(r.read == self.size and r.distinct == self.size and r.max_reads == 1 for r in rows)
+
+
+def _order_digest(order: torch.Tensor) -> str:
+    return hashlib.sha256(order.numpy().tobytes()).hexdigest()[:16]
+
+
+@contextlib.contextmanager
+def _may_start_children():
+    """Let this process start DataLoader workers although ``launch`` made it a daemonic process.
+
+    multiprocessing refuses children to a daemonic process, lest they be orphaned when it is stopped. DataLoader
+    workers check on their parent and exit when it is gone, and the launched rank itself exits with its launcher.
+    """
+    config = mp.current_process()._config
+    was = config.get("daemon", False)
+    config["daemon"] = False
+    try:
+        yield
+    finally:
+        config["daemon"] = was
+
+
+def _read_shardings(digits: Digits, workers: int, batch_size: int, epochs: int, seed: int) -> dict:
+    """On one rank: every sharding, every epoch, through a DataLoader with ``workers`` workers; what each worker read."""
+    with _may_start_children():
+        return _read_each_sharding(digits, workers, batch_size, epochs, seed)
+
+
+def _read_each_sharding(digits: Digits, workers: int, batch_size: int, epochs: int, seed: int) -> dict:
+    found: dict = {"rank": dist.get_rank(), "reads": {}, "orders": {}}
+    for name, shard_by in SHARDINGS.items():
+        stream = DigitStream(digits, shard_by=shard_by, seed=seed)
+        # Fresh workers, each with its own copy of the stream, every epoch. They are forked from this rank: a launched
+        # rank is a fresh process that has touched no GPU, and a fork costs milliseconds where a forkserver child
+        # costs seconds on a loaded machine.
+        loader = DataLoader(stream, batch_size=batch_size, num_workers=workers, multiprocessing_context="fork" if workers else None)
+        for epoch in range(epochs):
+            stream.set_epoch(epoch)
+            found["orders"][name, epoch] = _order_digest(stream.order())
+            reads: list[tuple[int, int]] = []
+            for batch in loader:
+                reads += list(zip(batch["index"].tolist(), batch["worker"].tolist()))
+            found["reads"][name, epoch] = reads
+    return found
+
+
+def sharding_check(digits: Digits, world_size: int = 2, workers: int = 2, batch_size: int = 50, epochs: int = 2,
+                   seed: int = 0, timeout: float = 120.0) -> ShardingReport:
+    """Read ``epochs`` epochs of a ``DigitStream`` on ``world_size`` gloo ranks with ``workers`` DataLoader workers each.
+
+    Every sharding in ``SHARDINGS`` is read; the report counts, per epoch, the samples read, how many were
+    distinct, read more than once, or never read, and checks that the ranks agreed on each epoch's order.
+    """
+    if not isinstance(workers, int) or workers < 0:
+        raise ValueError(f"workers={workers!r}: 0 (read in the rank's own process) or a positive number of DataLoader workers.")
+    if not isinstance(epochs, int) or epochs < 2:
+        raise ValueError(f"epochs={epochs!r}: need at least 2 epochs to compare their orders.")
+    if batch_size < 1:
+        raise ValueError(f"batch_size={batch_size}: a batch holds at least one sample.")
+    results = launch(_read_shardings, world_size, args=(digits, workers, batch_size, epochs, seed), backend="gloo", timeout=timeout, echo=False)
+    size, rows = len(digits.labels), []
+    for name in SHARDINGS:
+        for epoch in range(epochs):
+            counts: Counter = Counter()
+            per_reader = []
+            for result in results:
+                reads = result["reads"][name, epoch]
+                counts.update(index for index, _ in reads)
+                by_worker = Counter(worker for _, worker in reads)
+                per_reader += [by_worker[w] for w in range(max(workers, 1))]
+            read = sum(counts.values())
+            rows.append(ShardingRow(name, epoch, world_size * max(workers, 1), read, len(counts),
+                                    sum(1 for c in counts.values() if c > 1), size - len(counts),
+                                    "/".join(f"{n:,}" for n in per_reader), max(counts.values(), default=0)))
+    good = "ranks and workers"
+    orders_agree = all(len({r["orders"][good, e] for r in results}) == 1 for e in range(epochs))
+    epochs_differ = all(len({tuple(i for i, _ in r["reads"][good, e]) for e in range(epochs)}) == epochs for r in results)
+    ranks_disjoint = all(
+        not ({i for i, _ in a["reads"][good, e]} & {i for i, _ in b["reads"][good, e]})
+        for e in range(epochs) for a in results for b in results if a["rank"] < b["rank"])
+    return ShardingReport(rows, size, world_size, workers, orders_agree, epochs_differ, ranks_disjoint, digits.description)
