@@ -12,6 +12,7 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     ".models": ["BasicFCModel", "LeNet", "alexnet_2012", "count_parameters", "transformer_lm"],
     ".data": ["load_digits", "make_MNIST_loader", "make_encoded_MNIST"],
     ".training_loop": ["train", "train_on_devices"],
+    ".step": ["forward_backward", "resolve_amp", "training_step"],
     ".memory": ["bytes_per_param", "measure_training_memory", "profile_layer_mem", "profile_mem", "training_memory"],
     ".paths": ["build_dir"],
     "helpers.core": ["models", "plots"],

@@ -24,7 +24,6 @@ from torch import nn
 from torch._C._autograd import DeviceType
 from torch.optim.adam import adam
 from torch.utils._foreach_utils import _get_foreach_kernels_supported_devices
-from torch.utils._pytree import tree_flatten
 
 from helpers.core import plots
 from helpers.core.fake import (
@@ -42,6 +41,7 @@ from helpers.core.fake import (
 )
 from helpers.core.gpu_workspaces import BlasWorkspaces, blas_workspaces, live_workspaces
 from helpers.core.report import Column, Report, format_bytes
+from helpers.core.step import default_loss, resolve_amp, tensors_in, training_step
 
 if TYPE_CHECKING:
     from torch.distributed._tools.mem_tracker import MemTracker
@@ -70,23 +70,6 @@ OPTIMIZERS: dict[str, Callable] = {"sgd": _sgd, "sgd_momentum": _sgd_momentum, "
 OptimizerChoice = str | Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 
 
-def default_loss(output: Any) -> torch.Tensor:
-    """The default ``loss_fn``: the sum, in fp32, of every floating-point element the model returns.
-
-    Its gradient is 1 for every output element, so backward runs through the whole
-    network exactly as under any real loss. The loss itself adds only a scalar (and an
-    fp32 copy of a half-precision output); cross-entropy would also keep its
-    log-softmax, one more tensor the size of the output.
-    """
-    leaves = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor) and t.is_floating_point()]
-    if not leaves:
-        raise ValueError("the model returned no floating-point tensor: pass loss_fn=..., a function from its output to a scalar")
-    loss = leaves[0].float().sum()
-    for t in leaves[1:]:
-        loss = loss + t.float().sum()
-    return loss
-
-
 def _torch_default_foreach(params: list[torch.Tensor]) -> bool:
     """What torch's optimizers choose by default for real tensors on these devices: foreach kernels only on GPUs."""
     supported = _get_foreach_kernels_supported_devices()
@@ -100,20 +83,6 @@ def make_optimizer(optimizer: OptimizerChoice, params: list[nn.Parameter], forea
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {optimizer!r}; choose one of {sorted(OPTIMIZERS)} or pass a function params -> optimizer")
     return OPTIMIZERS[optimizer](params, foreach)
-
-
-def autocast_dtype(amp: bool | str | torch.dtype, device_type: str) -> torch.dtype | None:
-    """The dtype autocast runs in for ``amp`` (True: fp16 on GPUs, bf16 on CPUs), or None without AMP."""
-    if amp is False or amp is None:
-        return None
-    if amp is True:
-        return torch.float16 if device_type == "cuda" else torch.bfloat16
-    names = {"fp16": torch.float16, "float16": torch.float16, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
-    if isinstance(amp, torch.dtype) and amp in names.values():
-        return amp
-    if isinstance(amp, str) and amp in names:
-        return names[amp]
-    raise ValueError(f"amp={amp!r} is not understood; use False, True, 'fp16' or 'bf16'")
 
 
 @lru_cache(maxsize=1)
@@ -153,24 +122,17 @@ class _Step:
     loss_fn: Callable
     amp_dtype: torch.dtype | None
 
-    @property
-    def device_type(self) -> str:
-        return first_device(self.model).type
-
     def run(self, tracker: MemTracker | None = None) -> dict[str, int]:
-        """Forward, loss, backward, optimizer step, zero_grad; returns the gradient bytes per device after backward."""
-        self._phase(tracker, "forward")
-        with torch.autocast(self.device_type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
-            loss = self.loss_fn(self.model(*self.args, **self.kwargs))
-        if not (isinstance(loss, torch.Tensor) and loss.numel() == 1):
-            raise ValueError(f"loss_fn must return a scalar tensor, got {type(loss).__name__} {getattr(loss, 'shape', '')}")
-        self._phase(tracker, "backward")
-        loss.backward()
-        del loss
-        grads = _bytes_by_device(p.grad for p in self.model.parameters() if p.grad is not None)
-        self._phase(tracker, "optimizer step")
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        """The kit's ``training_step`` (the loss freed before the update); returns the gradient bytes per device after backward."""
+        grads: dict[str, int] = {}
+
+        def on_phase(phase: str) -> None:
+            if phase == "optimizer step":
+                grads.update(_bytes_by_device(p.grad for p in self.model.parameters() if p.grad is not None))
+            self._phase(tracker, phase)
+
+        training_step(self.model, self.optimizer, self.kwargs or self.args, self.loss_fn, amp_dtype=self.amp_dtype,
+                      on_phase=on_phase, keep_loss=False)
         return grads
 
     def create_optimizer_state(self) -> None:
@@ -425,7 +387,7 @@ def training_memory(
     _check_devices_exist(fake_model)
     input_device = first_device(fake_model)
     args, kwargs = fake_inputs(example, mode, input_device, dtype)
-    amp_dtype = autocast_dtype(amp, input_device.type)
+    amp_dtype = resolve_amp(amp, input_device)
     with mode, explain_fake_failures(model):
         params = [p for p in fake_model.parameters() if p.requires_grad]
         step = _Step(fake_model, args, kwargs, make_optimizer(optimizer, params, foreach=_torch_default_foreach(params)),
@@ -567,7 +529,7 @@ def measure_training_memory(
     device = first_device(real_model)
     example = as_example(model, example_input)
     args, kwargs = _real_inputs(example, device)
-    amp_dtype = autocast_dtype(amp, device.type)
+    amp_dtype = resolve_amp(amp, device)
     params = [p for p in real_model.parameters() if p.requires_grad]
     step = _Step(real_model, args, kwargs, make_optimizer(optimizer, params, foreach=None), loss_fn or default_loss, amp_dtype)
     step.run()  # warm-up: creates the optimizer's state (and, on a GPU, cuBLAS workspaces)
@@ -643,10 +605,10 @@ def _layer_rows(model: nn.Module, shape: Any, mode: str) -> tuple[list[LayerMemR
     rows: list[LayerMemRow] = []
 
     def record(name: str, module: nn.Module, inputs, output) -> None:
-        ins = [t for t in tree_flatten(inputs)[0] if isinstance(t, torch.Tensor)]
+        ins = tensors_in(inputs)
         read = {_storage_id(t) for t in ins}
         # an in-place layer (ReLU(inplace=True)) writes over its input: its output takes no memory of its own
-        outs = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor) and _storage_id(t) not in read]
+        outs = [t for t in tensors_in(output) if _storage_id(t) not in read]
         out_bytes = sum(tensor_bytes(t) for t in outs)
         training = mode == "training"
         rows.append(LayerMemRow(
@@ -655,7 +617,7 @@ def _layer_rows(model: nn.Module, shape: Any, mode: str) -> tuple[list[LayerMemR
             weights=sum(tensor_bytes(t) for t in (*module.parameters(), *module.buffers())),
             outputs=out_bytes,
             weight_gradients=sum(tensor_bytes(p) for p in module.parameters() if p.requires_grad) if training else 0,
-            output_gradients=sum(tensor_bytes(t) for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor)) if training else 0,
+            output_gradients=sum(tensor_bytes(t) for t in tensors_in(output)) if training else 0,
             output_shape=tuple(output.shape) if isinstance(output, torch.Tensor) else (),
         ))
 

@@ -14,6 +14,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from helpers.core import plots
 from helpers.core.device import is_gpu, pick_device
 from helpers.core.report import Column, Report
+from helpers.core.step import resolve_amp
 
 DTYPE_NAMES = {torch.float64: "fp64", torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 
@@ -200,7 +201,7 @@ def autocast_ops(fn: Callable, *args, device: str | torch.device | None = None, 
     autocast lowers differ between devices: the table shows this device's.
     """
     device = pick_device(device)
-    low = amp_dtype(device, dtype)
+    low = resolve_amp(True if dtype is None else dtype, device)
     with torch.autocast(device.type, dtype=low), _DtypeLog() as log:
         fn(*args)
     rows = []
@@ -214,16 +215,6 @@ def autocast_ops(fn: Callable, *args, device: str | torch.device | None = None, 
         shown = ", ".join(sorted({DTYPE_NAMES.get(d, str(d)) for d in inputs})) or "-"
         rows.append(OpPrecision(name, shown, DTYPE_NAMES.get(output, str(output)), runs_in))
     return AutocastOps(rows, [f"autocast on {device.type} with dtype {DTYPE_NAMES[low]}"])
-
-
-def amp_dtype(device: torch.device, dtype: str | None) -> torch.dtype:
-    """The 16-bit dtype autocast should use: ``dtype`` ('fp16' or 'bf16'), by default bf16 on a CPU and fp16 on a GPU."""
-    if dtype is None:
-        return torch.float16 if is_gpu(device) else torch.bfloat16
-    names = {v: k for k, v in DTYPE_NAMES.items()}
-    if dtype not in names or dtype in ("fp32", "fp64"):
-        raise ValueError(f"autocast needs a 16-bit dtype, 'fp16' or 'bf16'; got {dtype!r}")
-    return names[dtype]
 
 
 # ---------------------------------------------------------------- fp16 underflow and loss scaling
