@@ -52,6 +52,13 @@ def triton_available() -> tuple[bool, str]:
 # ---------------------------------------------------------------- running one kernel
 
 
+def triton_interpreting() -> bool:
+    """True when this process's Triton kernels are interpreted (TRITON_INTERPRET=1 was set before triton was imported)."""
+    from helpers.hardware import triton_kernels
+
+    return type(triton_kernels.naive_matmul_kernel).__name__ == "InterpretedFunction"
+
+
 def check_operands(a: torch.Tensor, b: torch.Tensor, kernel: str) -> None:
     """Clear errors for what the kernels cannot take: not tensors, not 2-D, shapes that do not chain, dtype, device."""
     for name, t in (("a", a), ("b", b)):
@@ -73,7 +80,7 @@ def check_operands(a: torch.Tensor, b: torch.Tensor, kernel: str) -> None:
     elif kernel in GPU_KERNELS:
         if a.dtype not in TRITON_DTYPES:
             raise TypeError(f"{kernel}: the Triton kernels take {', '.join(map(str, TRITON_DTYPES))}, got {a.dtype}")
-        if a.device.type != "cuda":
+        if a.device.type != "cuda" and not triton_interpreting():
             raise ValueError(f"{kernel}: compiled Triton kernels run on a CUDA GPU, got {a.device} tensors; "
                              "without a GPU, triton_check() runs them in Triton's interpreter")
     else:
@@ -93,14 +100,22 @@ def panel_rows_for(n_columns: int, l2_bytes: int | None = None) -> int:
     return max(8, l2_bytes // 2 // (4 * max(n_columns, 1)))
 
 
-def kernel_matmul(a: torch.Tensor, b: torch.Tensor, kernel: str = "blocked", panel_rows: int | None = None) -> torch.Tensor:
-    """a @ b computed by one of the teaching kernels (``CPU_KERNELS`` on CPU float32, ``GPU_KERNELS`` on CUDA)."""
+def kernel_matmul(a: torch.Tensor, b: torch.Tensor, kernel: str = "blocked", panel_rows: int | None = None,
+                  blocks: dict[str, int] | None = None) -> torch.Tensor:
+    """a @ b computed by one of the teaching kernels (``CPU_KERNELS`` on CPU float32, ``GPU_KERNELS`` on CUDA).
+
+    ``panel_rows``: rows of B per panel of the blocked CPU loop (default: half of L2);
+    ``blocks``: tile sizes of the tiled Triton kernel, e.g. {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32}.
+    """
     check_operands(a, b, kernel)
     if kernel in GPU_KERNELS:
         from helpers.hardware import triton_kernels
 
+        unknown = set(blocks or {}) - set(triton_kernels.TILED_BLOCKS)
+        if unknown:
+            raise ValueError(f"{kernel}: unknown block sizes {sorted(unknown)}; use {sorted(triton_kernels.TILED_BLOCKS)}")
         out = torch.empty(a.shape[0], b.shape[1], dtype=a.dtype, device=a.device)
-        return triton_kernels.launch(kernel.split()[1], a.contiguous(), b.contiguous(), out)
+        return triton_kernels.launch(kernel.split()[1], a.contiguous(), b.contiguous(), out, blocks)
     from helpers.hardware import cpu_kernels
 
     a_np, b_np = a.detach().contiguous().numpy(), b.detach().contiguous().numpy()
@@ -336,13 +351,24 @@ def matmul_kernels(sizes: Sequence[int], device: str | torch.device | None = Non
                 points.append(KernelPoint(name, m, n, seconds, 2 * m * n * n / seconds / 1e9, 100 * library_seconds / seconds, error, _fits_in(b_bytes, device), b_bytes))
     notes = []
     if gpu:
-        notes.append(f"{dtype} inputs; float32 products are exact FP32 on both sides (no TF32). Times are the fastest block after a warm-up call (which compiles the Triton kernels).")
+        precision = "float32 on both sides, TF32 off (IEEE products)" if dtype == torch.float32 else f"{dtype} inputs, float32 sums in the Triton kernels"
+        notes.append(f"{precision}. Times are the fastest block after a warm-up call (which compiles the Triton kernels).")
     else:
         notes.append("Every kernel and the library ran on ONE core (torch limited to 1 thread), so the comparison is per core; "
                      "the blocked kernel walks B in panels of rows filling half of L2.")
-        if naive_up_to is not None and any(n > naive_up_to for n in sizes):
-            notes.append(f"The naive kernel ran only up to n={naive_up_to:,}: at its measured rate a larger product would take seconds to minutes.")
+        notes += _naive_extrapolation(points, naive_up_to, max(sizes))
     return KernelTimings(points, device, library, threads, notes, naive_up_to)
+
+
+def _naive_extrapolation(points: Sequence[KernelPoint], naive_up_to: int | None, largest: int) -> list[str]:
+    """A sentence on how long the naive kernel would have taken at the largest size, at its last measured rate."""
+    naive = [p for p in points if p.kernel.endswith("naive")]
+    if naive_up_to is None or largest <= naive_up_to or not naive:
+        return []
+    last = max(naive, key=lambda p: p.n)
+    estimate = 2 * last.m * largest**2 / (last.gflops * 1e9)
+    return [f"The naive kernel ran only up to n={naive_up_to:,}: at its rate at n={last.n:,} ({last.gflops:.2f} GFLOP/s), "
+            f"n={largest:,} would take about {format_seconds(estimate)} (extrapolated at that rate, not run)."]
 
 
 def gpu_kernel_timings(sizes: Sequence[int], device: str | torch.device | None = None, **options) -> KernelTimings:
