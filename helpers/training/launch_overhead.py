@@ -182,21 +182,24 @@ def measure_launch_overhead(
     min_run_time: float = 0.2,
     compile: bool = True,
     compile_budget_s: float = 120.0,
-    large_elements: int = 2**20,
+    large_elements: int | None = None,
 ) -> LaunchOverhead:
     """Time ``OpChain(length)`` on ``elements`` values: eagerly, as a CUDA graph and compiled, under no_grad.
 
-    The arithmetic row times the same chain on ``large_elements`` values, where
-    the overhead is negligible against the work, and scales it down: what the
-    tiny ops would cost with no dispatch at all. On a CPU everything runs on one
+    The arithmetic row times the same chain on ``large_elements`` values (None:
+    2**20 on a CPU, 2**26 on a GPU, whose ops on a few MiB would still be as
+    short as a launch), where the overhead is negligible against the work, and
+    scales it down: what the tiny ops would cost with no dispatch at all.
+    On a CPU everything runs on one
     thread (PyTorch would not split such small tensors anyway). Compilation is
     timed apart from the steady state; once ``compile_budget_s`` seconds of
     compiling are spent, further compiled variants are skipped (n/a, with why).
     """
+    device = pick_device(device)
+    large_elements = large_elements or (2**26 if is_gpu(device) else 2**20)
     if not isinstance(elements, int) or elements < 1 or not isinstance(large_elements, int) or large_elements < elements:
         raise ValueError(f"measure_launch_overhead: elements={elements!r}, large_elements={large_elements!r}; give positive ints "
                          f"with large_elements >= elements (the large run estimates the arithmetic).")
-    device = pick_device(device)
     chain = OpChain(length).to(device)
     x = torch.randn(elements, device=device)
     notice = gpu_notice("CUDA graph capture and mode='reduce-overhead'", device, echo=False)
