@@ -111,3 +111,18 @@ def test_gpu_classes_and_bad_dtype():
     assert len(set(GPU_CLASSES)) == len(GPU_CLASSES) and classify_kernel("some_custom_kernel", "cuda") in GPU_CLASSES
     with pytest.raises(ValueError, match="'bf16' or 'fp16'"):
         cnn_training_step("cpu", dtype="int8")
+
+
+def test_the_class_chart_draws_one_bar_per_class_with_time():
+    report = kernels_by_class(cnn_training_step("cpu", batch=2, channels=4, image=8), steps=1, device="cpu", onednn=False)
+    ax = report.plot()
+    assert len(ax.patches) == sum(1 for r in report.rows if r.seconds > 0) and report.onednn is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (7, 0),
+                    reason="tensor cores need a GPU of compute capability 7.0 or later")
+def test_an_fp16_matmul_on_a_gpu_runs_a_kernel_named_as_a_tensor_core_kernel():
+    a = torch.randn(2048, 2048, device="cuda", dtype=torch.float16)
+    report = kernels_by_class(lambda: a @ a, steps=3, device="cuda", label="fp16 matmul")
+    assert [r.kernel_class for r in report.rows] == list(GPU_CLASSES)
+    assert report.find(kernel_class=TENSOR_CORE).share > 0.5, report.table()
