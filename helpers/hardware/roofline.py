@@ -232,8 +232,9 @@ def measure_bandwidth(device: str | torch.device | None = None, mib: int = 256, 
 
     Pick ``mib`` well past the last-level cache, or the figure is the cache's bandwidth, not memory's.
     """
-    copy = copy_workload(mib, pick_device(device))
-    return copy.bytes / fastest_seconds([copy], pick_device(device), min_run_time, rounds)[0]
+    device = pick_device(device)
+    copy = copy_workload(mib, device)
+    return copy.bytes / fastest_seconds([copy], device, min_run_time, rounds)[0]
 
 
 @dataclass(frozen=True)
