@@ -39,7 +39,8 @@ def test_step_memory_with_sgd_momentum_is_twelve_bytes_per_parameter():
 def test_amp_comparison_reports_both_modes_and_plots():
     report = amp.amp_comparison(_mlp(), torch.randn(128, 64), "cpu", min_run_time=0.02)
     assert [r.mode for r in report.rows] == ["fp32", "AMP bf16"]
-    assert report.fp32.speedup == 1.0 and report.amp.speedup == pytest.approx(report.fp32.step_seconds / report.amp.step_seconds)
+    assert report.fp32.speedup == 1.0 and report.amp.speedup > 0
+    assert (report.amp.speedup > 1) == (report.amp.step_seconds < report.fp32.step_seconds)  # faster means a speed-up above 1
     assert report.amp.memory.activation_bytes < report.fp32.memory.activation_bytes
     assert "bytes per parameter" in report.table()
     assert len(report.plot().patches) == 8  # four categories x two modes

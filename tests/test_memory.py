@@ -219,7 +219,11 @@ def test_memory_shares():
     assert training.shares["gradients"] == training.shares["parameters"]
     assert training.shares["activations"] > training.shares["parameters"]  # a batch of 64 outweighs LeNet's weights
     assert sum(r["share"] for r in training.rows) == pytest.approx(100)
-    training.plot()
+    ax = training.plot()
+    wedges = {w.get_label(): w.theta2 - w.theta1 for w in ax.patches}
+    assert list(wedges) == ["input", "parameters", "activations", "gradients"]
+    assert max(wedges, key=wedges.get) == "activations"  # the chart shows what the shares say
+    assert [t.get_text() for t in ax.texts if t.get_text().endswith("%")] == [f"{r['share']:.1f}%" for r in training.rows]
 
 
 def test_largest_batch_is_a_search_that_lands_exactly():
@@ -242,7 +246,12 @@ def test_a_batch_that_does_not_fit_is_explained_not_run():
     best = fit.largest_batch
     assert training_memory(LeNet(), (best, 1, 28, 28)).peak_bytes <= 64 * 2**20 < training_memory(LeNet(), (best + 1, 1, 28, 28)).peak_bytes
     assert f"{best:,}" in fit.explanation() and "does not fit" in str(fit)
-    fit.plot()
+    ax = fit.plot()
+    assert [t.get_text() for t in ax.texts] == ["budget 64.00 MiB"]
+    curve = next(line for line in ax.lines if line.get_label() == "one training step")
+    under = [(x <= best, y <= 64 * 2**20) for x, y in zip(curve.get_xdata(), curve.get_ydata())]
+    assert under and all(small == fits for small, fits in under)  # the curve crosses the budget line at the largest batch
+    assert f"largest that fits: {best:,}" in [t.get_text() for t in ax.get_legend().get_texts()]
 
 
 def test_a_real_out_of_memory_error_is_caught_and_explained():

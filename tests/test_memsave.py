@@ -52,7 +52,15 @@ def test_checkpointing_trades_activation_memory_and_the_estimate_matches_a_real_
         assert r.measured_peak == pytest.approx(r.peak, rel=0.02)
         assert r.seconds > 0
     assert "recomputed forward" in str(report)
-    plt.close(report.plot().figure)
+    ax = report.plot()
+    stacks: dict[int, float] = {}
+    for bar in ax.patches:  # one stack of categories per setup
+        middle = round(bar.get_x() + bar.get_width() / 2)
+        stacks[middle] = stacks.get(middle, 0) + bar.get_height()
+    assert [stacks[i] for i in range(len(report.rows))] == [r.peak for r in report.rows]  # the categories add up to the peak
+    marker = next(line for line in ax.lines if line.get_label() == "peak of a real step")
+    assert list(marker.get_ydata()) == [r.measured_peak for r in report.rows]
+    plt.close(ax.figure)
 
 
 def test_accumulated_gradients_equal_the_big_batch_and_memory_falls_with_the_micro_batch(model):

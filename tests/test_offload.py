@@ -39,4 +39,9 @@ def test_offloading_frees_the_optimizer_state_on_the_device_and_copies_the_param
     assert offloaded.copied_per_step == 2 * 4 * params and half.copied_per_step == 2 * 2 * params
     assert offloaded.transfer_seconds == pytest.approx(offloaded.copied_per_step / (report.bandwidth_gbs * 1e9))
     assert plain.update_seconds > 0 and offloaded.update_seconds > 0 and half.update_seconds is None
-    plt.close(report.plot().figure)
+    ax = report.plot()
+    device_bars, host_bars = ax.patches[:3], ax.patches[3:]  # one group per setup: the device's peak, then host memory
+    assert [bar.get_height() for bar in device_bars] == [r.device_peak for r in report.rows]
+    assert [bar.get_height() for bar in host_bars] == [r.host_bytes for r in report.rows]
+    assert device_bars[1].get_height() < device_bars[0].get_height() and host_bars[0].get_height() == 0  # what offloading moves
+    plt.close(ax.figure)

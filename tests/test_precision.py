@@ -81,7 +81,12 @@ def test_loss_scaling_rescues_underflow_and_overflows_when_too_large():
     assert none.relative_error > 10 * moderate.relative_error
     assert huge.nonfinite_share > 0 and huge.relative_error is None and huge.verdict.startswith("overflow")
     assert report.below_subnormal_share > 0.3  # the reference predicts the underflow the fp16 run shows
-    report.plot()
+    ax = report.plot()
+    marks = {line.get_label(): line.get_xdata()[0] for line in ax.lines}
+    # fp16's smallest subnormal is 2^-24 and smallest normal 2^-14; at scale 2^8 (the first without overflow) gradients
+    # down to 2^-24 / 2^8 = 2^-32 survive
+    assert marks == {"fp16 smallest subnormal": -24, "fp16 smallest normal": -14, "smallest gradient kept at scale 2^8": -32}
+    assert sum(bar.get_height() for bar in ax.patches) == int((report.reference != 0).sum())  # every nonzero gradient binned
 
 
 def test_dynamic_scaling_halves_on_overflow_and_grows_after_clean_steps():

@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from typing import Any, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import (
-    DataDependentOutputException,
-    DynamicOutputShapeException,
-    FakeTensorMode,
-    UnsupportedOperatorException,
-)
+
+from helpers.core.torch_adapters.fake_tensor import NEEDS_REAL_VALUES, FakeTensorMode, new_fake_mode
 
 # Where a model's tensors go: one device for all, or module-name prefix -> device ("" is the default).
 Placement = str | torch.device | Mapping[str, str | torch.device] | None
@@ -27,7 +24,7 @@ ExampleInput = torch.Tensor | tuple | list | dict
 
 def fake_mode() -> FakeTensorMode:
     """A fresh FakeTensorMode that also accepts stray real tensors (e.g. constants a model keeps as attributes)."""
-    return FakeTensorMode(allow_non_fake_inputs=True)
+    return new_fake_mode()
 
 
 @contextlib.contextmanager
@@ -35,7 +32,7 @@ def explain_fake_failures(model: nn.Module, what: str = "estimated") -> Iterator
     """Turn fake-tensor failures into an error that says why and what to do instead."""
     try:
         yield
-    except (DataDependentOutputException, DynamicOutputShapeException, UnsupportedOperatorException) as err:
+    except NEEDS_REAL_VALUES as err:
         op = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise ValueError(
             f"{type(model).__name__} cannot be {what} on fake tensors: its forward needs the values of its tensors "
@@ -166,3 +163,73 @@ def batch_size_of(example: ExampleInput) -> int:
 
 def tensor_bytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
+
+
+# ---------------------------------------------------------------- a fake run, watched module by module
+
+
+@dataclass
+class FakeRun:
+    """A model's fake copy with fake inputs, ready to run under ``mode``: ``with run.mode: run.model(*run.args, **run.kwargs)``."""
+
+    mode: FakeTensorMode
+    model: nn.Module
+    args: tuple
+    kwargs: dict
+    example: ExampleInput
+
+    @property
+    def input_shapes(self) -> list[tuple]:
+        """The shapes of the example's tensors, positional then keyword."""
+        args, kwargs = split_args(self.example)
+        return [tuple(t.shape) for t in (*args, *kwargs.values())]
+
+
+def fake_run(model: nn.Module, shape_or_input: ExampleInput | tuple[int, ...] | None = None, *, placement: Placement = None,
+             dtype: torch.dtype | None = None, training: bool = True,
+             prepare: Callable[[nn.Module], object] | None = None) -> FakeRun:
+    """The fake copy of ``model`` (placed, cast, in training or eval mode) and fake inputs on its first device.
+
+    ``shape_or_input`` is what ``as_example`` takes (None: one sample of ``model.input_shape``).
+    ``prepare`` is called on the fake copy before its inputs are made (e.g. to check its devices).
+    """
+    example = as_example(model, shape_or_input)
+    mode = fake_mode()
+    fake_model = fake_copy(model, mode, placement, dtype).train(training)
+    if prepare is not None:
+        prepare(fake_model)
+    args, kwargs = fake_inputs(example, mode, first_device(fake_model), dtype)
+    return FakeRun(mode, fake_model, args, kwargs, example)
+
+
+@contextlib.contextmanager
+def module_hooks(modules: Iterable[tuple[str, nn.Module]], before: Callable[[str, nn.Module], None] | None = None,
+                 after: Callable[[str, nn.Module, Any, Any], None] | None = None) -> Iterator[None]:
+    """Within the block, ``before(name, module)`` runs as each named module's forward starts and
+    ``after(name, module, inputs, output)`` as it returns (outputs are left unchanged); the hooks go on leaving it."""
+    def pre_hook(name: str) -> Callable:
+        def hook(module, inputs) -> None:  # returning None leaves the inputs alone
+            before(name, module)
+        return hook
+
+    def post_hook(name: str) -> Callable:
+        def hook(module, inputs, output) -> None:  # returning None leaves the output alone
+            after(name, module, inputs, output)
+        return hook
+
+    handles = []
+    try:
+        for name, module in modules:
+            if before is not None:
+                handles.append(module.register_forward_pre_hook(pre_hook(name)))
+            if after is not None:
+                handles.append(module.register_forward_hook(post_hook(name)))
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def leaf_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The named modules with no children: the layers that do the work."""
+    return [(name, m) for name, m in model.named_modules() if not any(True for _ in m.children())]

@@ -24,12 +24,12 @@ from typing import Callable
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from helpers.core import plots
-from helpers.core.fake import ExampleInput, as_example, explain_fake_failures, fake_copy, fake_inputs, fake_mode, first_device, split_args
+from helpers.core.fake import ExampleInput, explain_fake_failures, fake_run, module_hooks
 from helpers.core.report import Column, Report
+from helpers.core.torch_adapters.dispatch import TorchDispatchMode, is_view
 
 CONVENTIONS = ("classic", "flops", "macs")
 aten = torch.ops.aten
@@ -100,10 +100,6 @@ NO_ARITHMETIC = {aten.empty, aten.empty_strided, aten.zeros, aten.ones, aten.ful
                  aten._unsafe_view, aten.embedding}
 
 
-def _is_view(func) -> bool:
-    return any(r.alias_info is not None for r in func._schema.returns)
-
-
 # ---------------------------------------------------------------- counting
 
 
@@ -129,20 +125,11 @@ class _OpCounter(TorchDispatchMode):
         self.type = {name: type(m).__name__ for name, m in model.named_modules()}
         self.rows: dict[tuple[str, str], OpRow] = {}
         self.uncounted: Counter = Counter()
-        self.handles = []
-        for name, module in model.named_modules():
-            self.handles.append(module.register_forward_pre_hook(lambda m, a, name=name: self._enter(name)))
-            self.handles.append(module.register_forward_hook(lambda m, a, o: self._leave()))
 
-    def _enter(self, name: str) -> None:
-        self.stack.append(name)
-
-    def _leave(self) -> None:  # a forward hook that returns None leaves the output alone
-        self.stack.pop()
-
-    def remove_hooks(self) -> None:
-        for handle in self.handles:
-            handle.remove()
+    def watching(self, model: nn.Module):
+        """Within the block, the stack of running modules follows ``model``'s forward."""
+        return module_hooks(model.named_modules(), before=lambda name, m: self.stack.append(name),
+                            after=lambda name, m, inputs, output: self.stack.pop())
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         before = self.flop_counter.get_total_flops()
@@ -153,7 +140,7 @@ class _OpCounter(TorchDispatchMode):
         packet = func.overloadpacket
         rule = CLASSIC_RULES.get(packet)
         classic = rule(args, out) if rule else 0
-        arithmetic_not_counted = rule is None and packet not in NO_ARITHMETIC and not _is_view(func)
+        arithmetic_not_counted = rule is None and packet not in NO_ARITHMETIC and not is_view(func)
         if arithmetic_not_counted:
             self.uncounted[packet.__name__] += 1
         if classic or flops or arithmetic_not_counted:
@@ -244,19 +231,12 @@ def profile_ops(model: nn.Module, shape: tuple | ExampleInput | None = None, con
     """
     if convention not in CONVENTIONS:
         raise ValueError(f"unknown convention {convention!r}; choose one of {CONVENTIONS}")
-    example = as_example(model, shape)
-    mode = fake_mode()
-    fake_model = _without_fused_fast_paths(fake_copy(model, mode).eval())
-    args, kwargs = fake_inputs(example, mode, first_device(fake_model))
+    run = fake_run(model, shape, training=False, prepare=_without_fused_fast_paths)
     flop_counter = FlopCounterMode(display=False)
-    counter = _OpCounter(fake_model, flop_counter)
-    try:
-        with mode, torch.no_grad(), explain_fake_failures(model, "counted"), flop_counter, counter:
-            fake_model(*args, **kwargs)
-    finally:
-        counter.remove_hooks()
+    counter = _OpCounter(run.model, flop_counter)
+    with counter.watching(run.model), run.mode, torch.no_grad(), explain_fake_failures(model, "counted"), flop_counter, counter:
+        run.model(*run.args, **run.kwargs)
     rows = list(counter.rows.values())
     for r in rows:
         r.macs = r.flops // 2
-    shapes = [tuple(t.shape) for t in (*split_args(example)[0], *split_args(example)[1].values())]
-    return OpsProfile(rows, convention, type(model).__name__, shapes, counter.uncounted)
+    return OpsProfile(rows, convention, type(model).__name__, run.input_shapes, counter.uncounted)

@@ -72,13 +72,13 @@ def compile_or_script(fn: Callable, args: tuple, backend: str = "inductor", mode
     Returns (compiled function, output, label, why torch.compile failed or None).
     Compilation happens lazily on the first call, so that call is made here.
     """
-    torch._dynamo.reset()  # a fresh start, so the first call pays the whole compilation
+    torch.compiler.reset()  # a fresh start, so the first call pays the whole compilation
     try:
         compiled = torch.compile(fn, backend=backend, mode=mode)
         return compiled, compiled(*args), f"torch.compile ({backend})", None
     except Exception as err:  # noqa: BLE001 - any compiler failure means: fall back, and say why
         reason = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"[:300]
-    torch._dynamo.reset()
+    torch.compiler.reset()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # TorchScript is deprecated in favour of torch.compile; we know
         scripted = torch.jit.trace(fn, args)

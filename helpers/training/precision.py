@@ -9,12 +9,12 @@ from typing import Callable, Sequence
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from helpers.core import plots
 from helpers.core.device import is_gpu, pick_device
 from helpers.core.report import Column, Report
 from helpers.core.step import resolve_amp
+from helpers.core.torch_adapters.dispatch import TorchDispatchMode
 
 DTYPE_NAMES = {torch.float64: "fp64", torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 
@@ -94,6 +94,7 @@ def number_formats() -> NumberFormats:
 
 # NVIDIA's "Matrix Multiplication Background" guide (cuBLAS >= 11, cuDNN >= 7.6.3): tensor cores are used for any
 # M, N, K but are most efficient when each is a multiple of the first number; on A100 and later, of the second.
+CONVOLUTIONS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
 TENSOR_CORE_MULTIPLES = {"fp16": (8, 64), "bf16": (8, 64), "tf32": (4, 32), "int8": (16, 128), "fp64": (2, 16)}
 
 
@@ -143,7 +144,7 @@ def tensor_core_alignment(model: nn.Module, dtype: str = "fp16", recent_gpu: boo
     for name, module in model.named_modules():
         if isinstance(module, nn.Linear):
             dims = {"in_features (K)": module.in_features, "out_features (N)": module.out_features}
-        elif isinstance(module, nn.modules.conv._ConvNd):
+        elif isinstance(module, CONVOLUTIONS):
             dims = {"in_channels": module.in_channels // module.groups, "out_channels": module.out_channels // module.groups}
         elif isinstance(module, nn.Embedding):
             dims = {"num_embeddings (vocab)": module.num_embeddings, "embedding_dim": module.embedding_dim}

@@ -19,6 +19,8 @@ from collections import Counter
 import torch
 from torch.overrides import TorchFunctionMode
 
+from helpers.core.torch_adapters.dispatch import TENSOR_METHOD_MODULES
+
 # Tensor methods that read a value back to the host (and so wait for the device).
 HOST_READS = frozenset({"item", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__", "__format__", "__repr__"})
 
@@ -42,13 +44,10 @@ class SyncCounter(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-_DISPATCH_MODULES = ("torch.overrides", "torch._tensor")  # where Python-level tensor methods (__repr__...) pass on the way
-
-
 def _called_from_torch() -> bool:
     """True when the code that called the tensor method is part of torch itself."""
     frame = sys._getframe(2)  # 0: this function, 1: __torch_function__, 2: the caller (or torch's dispatch layer)
-    while frame is not None and frame.f_globals.get("__name__") in _DISPATCH_MODULES:
+    while frame is not None and frame.f_globals.get("__name__") in TENSOR_METHOD_MODULES:
         frame = frame.f_back
     return frame is not None and frame.f_globals.get("__name__", "").split(".")[0] == "torch"
 
