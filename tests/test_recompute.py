@@ -42,7 +42,8 @@ def test_groups_follow_every(model):
 
 
 def test_the_explanation_follows_the_numbers():
-    assert "within the noise floor" in cost().explanation
+    assert "within the noise floor" in cost().explanation and "wide floor" not in cost().explanation
+    assert "wide floor" in cost(measured=0.45, noise=0.12).explanation
     larger = cost(measured=0.70, group_cost=0.003).explanation
     assert "points more" in larger and "cost of checkpointing itself" in larger
     smaller = cost(measured=0.10).explanation

@@ -76,7 +76,8 @@ class RecomputeCost(Report):
         measured = f" Measured: {self.measured:+.0%}"
         floor = f"two copies of the same plain update differ by {self.noise:.0%}"
         if self.agrees:
-            return f"{rule}{measured}, within the noise floor ({floor})."
+            wide = "; a wide floor: other work on the machine disturbed these timings, so rerun for a sharper test" if self.disturbed else ""
+            return f"{rule}{measured}, within the noise floor ({floor}{wide})."
         gap = self.measured - self.predicted
         direction = f"{100 * abs(gap):.0f} points {'more' if gap > 0 else 'less'} than the recomputed forward"
         if self.disturbed:
