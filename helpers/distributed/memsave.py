@@ -7,18 +7,18 @@ fastest of interleaved rounds), and, for accumulation, a check that the gradient
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import textwrap
 from dataclasses import dataclass
-from typing import Callable, Iterator, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from helpers.core import plots
-from helpers.core.device import synchronize
+from helpers.core.device import cpu_threads as threads_for_cpu
+from helpers.core.device import pick_device, synchronize
 from helpers.core.fake import ExampleInput, first_device, split_args, with_batch
 from helpers.core.memory import (
     MasterWeightAdam,
@@ -160,7 +160,7 @@ def time_interleaved(functions: Mapping[str, Callable[[], object]], device: torc
     multi-threaded step on a machine shared with other work can stall for far longer than
     one thread (every thread waits for the slowest at each operator).
     """
-    device = torch.device(device) if device is not None else None
+    device = pick_device(device)
     with threads_for_cpu(cpu_threads):
         for fn in functions.values():
             fn()
@@ -170,18 +170,6 @@ def time_interleaved(functions: Mapping[str, Callable[[], object]], device: torc
                 synchronize(device)
                 times[name].append(time_once(fn, sync=device))
     return {name: min(values) for name, values in times.items()}
-
-
-@contextlib.contextmanager
-def threads_for_cpu(threads: int | None) -> Iterator[None]:
-    """Within the block, torch runs CPU operators on ``threads`` threads (None: as it was); restored afterwards."""
-    saved = torch.get_num_threads()
-    if threads:
-        torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(saved)
 
 
 def real_step_peak(model: nn.Module, example: ExampleInput, optimizer: OptimizerChoice, **settings) -> int:
