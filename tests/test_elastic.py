@@ -70,8 +70,9 @@ def test_a_run_past_its_timeout_is_stopped_with_everything_it_started(digits, tm
     assert processes_of(tmp_path / "run") == []
 
 
-def test_killing_the_caller_takes_torchrun_and_its_workers_with_it(digits, tmp_path):
-    """What a notebook kernel restart does: the caller dies at once, with no chance to clean up."""
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGINT], ids=["killed (kernel restart)", "interrupted (Ctrl-C)"])
+def test_when_the_caller_dies_or_is_interrupted_torchrun_and_its_workers_go_too(digits, tmp_path, how):
+    """SIGKILL: a kernel restart, no chance to clean up. SIGINT: a notebook's interrupt button, KeyboardInterrupt mid-wait."""
     run_dir = tmp_path / "run"
     torch.save(digits, tmp_path / "digits.pt")
     code = ("import torch, sys; from helpers.distributed import run_elastic; "
@@ -84,8 +85,8 @@ def test_killing_the_caller_takes_torchrun_and_its_workers_with_it(digits, tmp_p
         assert list((run_dir / "events").glob("*.jsonl")), "the workers never started"
         assert processes_of(run_dir), "the job should be running"
     finally:
-        caller.send_signal(signal.SIGKILL)
-        caller.wait()
+        caller.send_signal(how)
+        caller.wait(60)
     deadline = time.monotonic() + 30
     while processes_of(run_dir) and time.monotonic() < deadline:
         time.sleep(0.2)

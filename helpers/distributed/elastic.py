@@ -250,8 +250,10 @@ class ElasticReport(Report):
         for attempt in self.interrupted.attempts():
             steps = {e["step"]: e["loss"] for e in self.interrupted.of(attempt, "step") if e["rank"] == 0}
             series[f"{self.interrupted.name}, attempt {attempt}"] = _curve(steps)
-        ax = plots.line_chart(series, ax, title="Loss per step: the resumed run retraces the uninterrupted one",
-                              xlabel="step", ylabel="training loss (mean of the ranks)", styles={self.reference.name: ":"})
+        title = "Loss per step: the resumed run retraces the uninterrupted one" if self.losses_equal else "Loss per step: resumed against uninterrupted"
+        ax = plots.line_chart(series, ax, title=title, xlabel="step", ylabel="training loss (mean of the ranks)")
+        ax.lines[0].set(linewidth=7, alpha=0.3, marker="")  # the reference as a wide band under the attempts
+        ax.legend()
         for step in self.resumed_from:
             plots.vertical_line(ax, step, f"resumed at step {step}")
         return ax
