@@ -28,9 +28,11 @@ from helpers.hardware import (  # noqa: E402
 from helpers.hardware.roofline import (  # noqa: E402
     Roofline,
     Roofs,
+    Timing,
     bound_by,
     copy_workload,
     device_roofs,
+    disturbance_note,
     ieee_fp32,
     intensity_label,
     roofline_point,
@@ -221,3 +223,15 @@ def test_a_gpu_gets_larger_default_sizes_and_building_them_allocates_nothing():
     assert [w.name for w in default_workloads("cpu")][:3] == ["matmul n=64", "matmul n=256", "matmul n=1024"]
     with pytest.raises(ValueError, match="numel must be a positive"):
         default_workloads("cpu", elementwise_numel=0)
+
+
+def test_a_disturbed_timing_is_named_and_a_steady_one_is_not():
+    steady = {"add": Timing(1.0, 1.2), "matmul n=64": Timing(2.0, 2.9)}
+    assert disturbance_note(steady, torch.device("cuda")) is None  # a GPU's timings: the CPU's load is not judged
+    note = disturbance_note({"add": Timing(1.0, 1.2), "matmul n=64": Timing(2.0, 6.0), "relu": Timing(1.0, 1.6)}, "cuda")
+    assert "For 2 of 3 timings" in note and "up to 3.0x, matmul n=64" in note
+    on_cpu = disturbance_note(steady, "cpu")  # steady blocks: only a CPU load above its cores can raise a note
+    assert on_cpu is None or on_cpu.startswith("The CPU was busy: its 1-minute load average was")
+    rows = [roofline_point(matmul_workload(64), 1e-4, 1e12, 1e10)]
+    report = Roofline(rows, torch.device("cpu"), "fp32", Roofs(1e12, "given", 1e10, "given"), disturbance=note)
+    assert report.verdict().endswith(note)

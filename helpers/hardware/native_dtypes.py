@@ -14,7 +14,7 @@ import torch
 
 from helpers.core.device import cpu_flags, cpu_native_dtypes, gpu_dtypes, is_gpu, peak_flops, pick_device
 from helpers.core.report import Report, column, format_seconds
-from helpers.hardware.roofline import fastest_seconds, format_rate, matmul_workload
+from helpers.hardware.roofline import disturbance_note, format_rate, matmul_workload, time_in_turns
 
 # The CPU flags that give a format its own arithmetic; F16C only converts fp16 to and from fp32.
 ARITHMETIC_FLAGS = {"bf16": ("avx512_bf16", "amx_bf16"), "fp16": ("avx512_fp16", "amx_fp16")}
@@ -80,10 +80,14 @@ class DtypeSpeed(Report):
 
     title = "Number formats: native support and speed against fp32"
 
+    def __init__(self, rows, disturbance: str | None = None):
+        super().__init__(rows)
+        self.disturbance = disturbance
+
     def sentences(self) -> str:
-        """One line per device and non-fp32 format, each following from its row."""
-        return "\n".join(speed_sentence(r.device, r.dtype, r.native, r.evidence, r.time_vs_fp32, r.n)
-                         for r in self.rows if r.dtype != "fp32")
+        """One line per device and non-fp32 format, each following from its row; a last one if the timing was disturbed."""
+        lines = [speed_sentence(r.device, r.dtype, r.native, r.evidence, r.time_vs_fp32, r.n) for r in self.rows if r.dtype != "fp32"]
+        return "\n".join(lines + ([self.disturbance] if self.disturbance else []))
 
 
 def dtype_speed(n: int = 256, device: str | torch.device | None = None, dtypes: Sequence[str] = ("bf16", "fp16"),
@@ -97,12 +101,14 @@ def dtype_speed(n: int = 256, device: str | torch.device | None = None, dtypes: 
     if unknown or not dtypes:
         raise ValueError(f"dtypes {list(dtypes)!r}: compare fp32 against one or more of {', '.join(ARITHMETIC_FLAGS)}")
     device = pick_device(device)
-    rows = []
+    rows, disturbed = [], {}
     for place in [torch.device("cpu")] + ([device] if is_gpu(device) else []):
         workloads = {d: matmul_workload(n, place, d) for d in ("fp32", *dtypes)}
-        seconds = dict(zip(workloads, fastest_seconds(list(workloads.values()), place, min_run_time, rounds)))
+        timings = dict(zip(workloads, time_in_turns(list(workloads.values()), place, min_run_time, rounds)))
+        disturbed.update({f"{d} on {place.type}": t for d, t in timings.items()})
+        seconds = {d: t.fastest for d, t in timings.items()}
         for dtype, workload in workloads.items():
             native, evidence = (True, "every device") if dtype == "fp32" else support_evidence(place, dtype)
             rows.append(DtypeTiming(place.type, dtype, native, evidence, peak_flops(place, dtype), seconds[dtype],
                                     workload.flops / seconds[dtype] / 1e9, seconds[dtype] / seconds["fp32"], n))
-    return DtypeSpeed(rows)
+    return DtypeSpeed(rows, disturbance=disturbance_note(disturbed, device))

@@ -21,9 +21,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import os
+import statistics
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
+import psutil
 import torch
 import torch.nn.functional as F
 from matplotlib.ticker import FuncFormatter
@@ -325,13 +328,13 @@ def roofline_point(workload: Workload, seconds: float, peak: float, bandwidth: f
 class Roofline(Report):
     """Measured operators against this device's roofline; ``verdict()`` says which are memory- and which compute-bound."""
 
-    def __init__(self, rows: Sequence[RooflinePoint], device: torch.device, dtype: str, roofs: Roofs):
+    def __init__(self, rows: Sequence[RooflinePoint], device: torch.device, dtype: str, roofs: Roofs, disturbance: str | None = None):
         if not rows:
             raise ValueError("a roofline needs at least one measured operator")
         if roofs.peak is None or roofs.bandwidth is None:
             raise ValueError("a roofline needs both roofs: measure_roofline() measures a bandwidth the kit does not know "
                              "and stands the best measured rate in for an unknown peak")
-        self.device, self.dtype, self.roofs = torch.device(device), dtype, roofs
+        self.device, self.dtype, self.roofs, self.disturbance = torch.device(device), dtype, roofs, disturbance
         self.peak, self.bandwidth = roofs.peak, roofs.bandwidth
         self.ridge = ridge_point(self.peak, self.bandwidth)
         self.title = f"Roofline on {self.device} ({dtype})"
@@ -378,6 +381,8 @@ class Roofline(Report):
             if any(r.bound == "compute" for r in above):
                 why.append(f"the peak ({self.roofs.peak_source}) understates what this device did")
             lines.append(f"Above their roof: {named}. A roof is only as good as its figures: {'; '.join(why)}.")
+        if self.disturbance:
+            lines.append(self.disturbance)
         return "\n".join(lines)
 
     def plot(self, ax=None):
@@ -432,7 +437,7 @@ def _label_points(ax, points: Sequence[tuple[float, float, str]], fontsize: int 
 def measure_roofline(workloads: Sequence[Workload], device: str | torch.device | None = None, *, peak: float | None = None,
                      bandwidth: float | None = None, bandwidth_mib: int = 256, min_run_time: float = 0.1,
                      rounds: int = 3) -> Roofline:
-    """Time each workload on ``device`` (``fastest_seconds``: helpers.timeit, in turns) and place it under the roofline.
+    """Time each workload on ``device`` (``time_in_turns``: helpers.timeit, in turns) and place it under the roofline.
 
     ``peak`` (FLOP/s) and ``bandwidth`` (bytes/s) default to what the kit knows of the device; a bandwidth it
     does not know is measured with a ``bandwidth_mib`` MiB copy, timed in the same rounds as the operators.
@@ -446,15 +451,16 @@ def measure_roofline(workloads: Sequence[Workload], device: str | torch.device |
     device, dtype = pick_device(device), dtypes.pop()
     roofs = device_roofs(device, dtype, peak, bandwidth)
     copy = [copy_workload(bandwidth_mib, device)] if roofs.bandwidth is None else []
-    seconds = fastest_seconds([*workloads, *copy], device, min_run_time, rounds)
+    timings = time_in_turns([*workloads, *copy], device, min_run_time, rounds)
+    note = disturbance_note({w.name: t for w, t in zip([*workloads, *copy], timings)}, device)
     if copy:  # timed in the same rounds as the operators, so both saw the machine in the same state
         source = f"measured: a {bandwidth_mib} MiB copy on {device} timed in turns with the operators, read + write counted"
-        roofs = dataclasses.replace(roofs, bandwidth=copy[0].bytes / seconds.pop(), bandwidth_source=source)
+        roofs = dataclasses.replace(roofs, bandwidth=copy[0].bytes / timings.pop().fastest, bandwidth_source=source)
     if roofs.peak is None:
-        best = max(w.flops / s for w, s in zip(workloads, seconds))
+        best = max(w.flops / t.fastest for w, t in zip(workloads, timings))
         roofs = dataclasses.replace(roofs, peak=best, peak_source=f"{roofs.peak_source}: the best measured rate stands in")
-    rows = [roofline_point(w, s, roofs.peak, roofs.bandwidth) for w, s in zip(workloads, seconds)]
-    return Roofline(rows, device, dtype, roofs)
+    rows = [roofline_point(w, t.fastest, roofs.peak, roofs.bandwidth) for w, t in zip(workloads, timings)]
+    return Roofline(rows, device, dtype, roofs, disturbance=note)
 
 
 @contextlib.contextmanager
@@ -471,23 +477,65 @@ def ieee_fp32(device: torch.device) -> Iterator[None]:
             setattr(obj, name, value)
 
 
-def fastest_seconds(workloads: Sequence[Workload], device: str | torch.device, min_run_time: float = 0.1,
-                    rounds: int = 3) -> list[float]:
-    """Seconds per call of each workload on ``device``: the fastest block ``helpers.timeit`` timed over ``rounds`` rounds.
+@dataclass(frozen=True)
+class Timing:
+    """Seconds per call of one workload: the fastest block ``helpers.timeit`` timed, and the median block."""
 
-    In each round the workloads take turns, so a burst of other work on the machine cannot fall on one of
-    them only. The fastest block rather than the median: other work only ever adds time, and a roofline
-    asks what an operator can do.
+    fastest: float
+    median: float
+
+
+DISTURBED = 1.5  # a median block this many times the fastest means other work shared the machine
+
+
+def time_in_turns(workloads: Sequence[Workload], device: str | torch.device, min_run_time: float = 0.1,
+                  rounds: int = 3) -> list[Timing]:
+    """Time each workload on ``device`` with ``helpers.timeit`` over ``rounds`` rounds in which the workloads take turns.
+
+    Taking turns keeps a burst of other work on the machine from falling on one workload only. The
+    figure to use is the fastest block: other work only ever adds time, and a roofline asks what an
+    operator can do. The median block says how much the timing was disturbed.
     """
     _check_sizes(rounds=rounds)
     device = torch.device(device)
     calls = [w.prepare() for w in workloads]
-    best = [math.inf] * len(calls)
+    blocks: list[list[float]] = [[] for _ in calls]
     with ieee_fp32(device):
         for _ in range(rounds):
-            for i, call in enumerate(calls):
-                best[i] = min(best[i], min(timeit(call, device=device, min_run_time=min_run_time).times))
-    return best
+            for call, times in zip(calls, blocks):
+                times += timeit(call, device=device, min_run_time=min_run_time).times
+    return [Timing(min(times), statistics.median(times)) for times in blocks]
+
+
+def fastest_seconds(workloads: Sequence[Workload], device: str | torch.device, min_run_time: float = 0.1,
+                    rounds: int = 3) -> list[float]:
+    """Seconds per call of each workload: the fastest block of ``time_in_turns``."""
+    return [t.fastest for t in time_in_turns(workloads, device, min_run_time, rounds)]
+
+
+def disturbance_note(timings: dict[str, Timing], device: str | torch.device = "cpu") -> str | None:
+    """Sentences when other work visibly disturbed ``timings`` (named): blocks far apart, or, for CPU timings, a CPU
+    load above its core count; else None."""
+    notes = []
+    disturbed = {name: t.median / t.fastest for name, t in timings.items() if t.median > DISTURBED * t.fastest}
+    if disturbed:
+        worst = max(disturbed, key=disturbed.get)
+        notes.append(f"For {len(disturbed)} of {len(timings)} timings the median block took over {DISTURBED}x the fastest "
+                     f"(up to {disturbed[worst]:.1f}x, {worst}): other work shared the machine.")
+    load, cores = _load_average(), psutil.cpu_count(logical=True)
+    if not is_gpu(device) and load is not None and cores and load > cores:
+        notes.append(f"The CPU was busy: its 1-minute load average was {load:.1f} on {cores} logical cores, so other "
+                     "programs competed with these timings.")
+    if not notes:
+        return None
+    return " ".join(notes) + " The fastest blocks are shown; run again on a quiet machine before reading much into them."
+
+
+def _load_average() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):  # not on this operating system
+        return None
 
 
 def operator_roofline(device: str | torch.device | None = None, dtype: str = "fp32", matmul_sizes: Sequence[int] | None = None,
