@@ -142,7 +142,10 @@ def onednn_log(step: Callable[[], object]) -> str:
 
     oneDNN writes to the process's standard output (file descriptor 1) from C,
     so the descriptor is pointed at a temporary file for the call and restored.
+    A PyTorch built without oneDNN gives an empty log (the step is not run).
     """
+    if not torch.backends.mkldnn.is_available():
+        return ""
     sys.stdout.flush()
     _flush_c_stdout()
     saved = os.dup(1)
@@ -312,5 +315,5 @@ def kernels_by_class(step: Callable[[], object], steps: int = 3, device: str | t
                              key=lambda k: k.seconds, reverse=True)
         onednn_list = OneDNNPrimitives(onednn_rows, ["one step with oneDNN's verbose log on: primitive, implementation (ISA), "
                                                "propagation kind; times as oneDNN measured them"
-                                               + ("" if onednn_rows else "; oneDNN ran nothing in this step")])
+                                               + ("" if onednn_rows else "; none logged: the step used no oneDNN primitive, or this PyTorch has no oneDNN")])
     return KernelTable(rows, listing, onednn_list, device, label, notes)
