@@ -65,12 +65,12 @@ def _environment() -> dict[str, str]:
 
 
 def processes_of(run_dir: Path) -> list[psutil.Process]:
-    """Running processes whose command line names ``run_dir``: the workers of that run (and its torchrun)."""
-    marker = str(run_dir)
+    """Running processes with ``run_dir`` (or a path inside it) as an argument: the workers of that run, and its torchrun."""
+    marker = str(Path(run_dir).resolve())
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         try:
-            if proc.pid != os.getpid() and any(marker in part for part in proc.info["cmdline"] or ()):
+            if proc.pid != os.getpid() and any(part == marker or part.startswith(marker + os.sep) for part in proc.info["cmdline"] or ()):
                 found.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
