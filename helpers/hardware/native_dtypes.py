@@ -19,7 +19,7 @@ from helpers.hardware.roofline import disturbance_note, format_rate, matmul_work
 # The CPU flags that give a format its own arithmetic; F16C only converts fp16 to and from fp32.
 ARITHMETIC_FLAGS = {"bf16": ("avx512_bf16", "amx_bf16"), "fp16": ("avx512_fp16", "amx_fp16")}
 SAME_SPEED = 1.15  # time ratios within this factor of 1 count as fp32's speed
-EMULATED = 3.0  # an unsupported format this many times slower than fp32 is on a per-element fallback
+EMULATED = 3.0  # an unsupported format this many times slower than fp32 is on a generic fallback kernel
 
 
 def support_evidence(device: str | torch.device, dtype: str) -> tuple[bool, str]:
@@ -55,7 +55,7 @@ def speed_sentence(device: str, dtype: str, native: bool, evidence: str, ratio: 
         return f"{head}: support alone did not make it faster at this size, or other work disturbed the timing; try a larger n, or run again."
     head = f"{dtype} on {device}: the kit finds no native arithmetic ({evidence}), and an n = {n} matmul {speed}"
     if ratio > EMULATED:
-        return f"{head}: torch falls back to a generic loop that computes in fp32 value by value, so the format runs, emulated, far slower."
+        return f"{head}: torch falls back to a generic kernel that widens values to fp32 as it goes, so the format runs, emulated, far slower."
     if ratio >= 1 / SAME_SPEED:
         return f"{head}: the work is converted to fp32 and done by fp32 units, so the format saves memory here, not time."
     return (f"{head}, faster all the same: this CPU may have support the kit does not know of, or other work disturbed "
