@@ -2,6 +2,8 @@
 path's argument checks and its n/a rows where there is no GPU (and a real capture where there is one)."""
 from __future__ import annotations
 
+import operator
+
 import pytest
 import torch
 
@@ -70,3 +72,13 @@ def test_graph_replay_equals_eager_on_a_gpu():
         assert torch.equal(graph(fresh), chain(fresh))
     report = measure_launch_overhead(length=10, elements=256, min_run_time=0.05, compile=False)
     assert report.find(variant=GRAPH).max_difference == 0
+
+
+def test_the_gpu_path_uses_apis_this_torch_has():
+    """The capture and reduce-overhead code cannot run here; what it calls must at least exist, and the mode name be valid."""
+    for name in ("cuda.CUDAGraph", "cuda.graph", "cuda.Stream", "cuda.stream", "cuda.current_stream",
+                 "compiler.cudagraph_mark_step_begin", "compiler.reset"):
+        assert callable(operator.attrgetter(name)(torch)), name
+    assert callable(torch.compile(OpChain(2), mode="reduce-overhead"))  # an unknown mode would raise here
+    with pytest.raises(RuntimeError):
+        torch.compile(OpChain(2), mode="no-such-mode")
