@@ -72,7 +72,7 @@ class DtypeTiming:
     seconds: float = column("time", format_seconds)
     gflops: float = column("GFLOP/s", ",.1f")
     time_vs_fp32: float = column("time vs fp32", lambda v: f"{v:.2f}x")
-    n: int = 0
+    n: int = column("n", ",")
 
 
 class DtypeSpeed(Report):
@@ -91,8 +91,9 @@ class DtypeSpeed(Report):
 
 
 def dtype_speed(n: int = 256, device: str | torch.device | None = None, dtypes: Sequence[str] = ("bf16", "fp16"),
-                min_run_time: float = 0.05, rounds: int = 5) -> DtypeSpeed:
-    """Time an n x n matmul in fp32 and in each of ``dtypes`` on the CPU, and on ``device`` too when it is a GPU.
+                min_run_time: float = 0.05, rounds: int = 5, gpu_n: int = 4096) -> DtypeSpeed:
+    """Time an n x n matmul in fp32 and in each of ``dtypes`` on the CPU, and a ``gpu_n`` one on ``device`` when it is a GPU
+    (a GPU needs far larger matrices to show its units' speed; an emulated format on a CPU, far smaller ones).
 
     The formats are timed in ``rounds`` interleaved rounds, each keeping its fastest block, so a burst of
     other work on the machine does not land on one format only.
@@ -103,12 +104,13 @@ def dtype_speed(n: int = 256, device: str | torch.device | None = None, dtypes: 
     device = pick_device(device)
     rows, disturbed = [], {}
     for place in [torch.device("cpu")] + ([device] if is_gpu(device) else []):
-        workloads = {d: matmul_workload(n, place, d) for d in ("fp32", *dtypes)}
+        size = gpu_n if is_gpu(place) else n
+        workloads = {d: matmul_workload(size, place, d) for d in ("fp32", *dtypes)}
         timings = dict(zip(workloads, time_in_turns(list(workloads.values()), place, min_run_time, rounds)))
         disturbed.update({f"{d} on {place.type}": t for d, t in timings.items()})
         seconds = {d: t.fastest for d, t in timings.items()}
         for dtype, workload in workloads.items():
             native, evidence = (True, "every device") if dtype == "fp32" else support_evidence(place, dtype)
             rows.append(DtypeTiming(place.type, dtype, native, evidence, peak_flops(place, dtype), seconds[dtype],
-                                    workload.flops / seconds[dtype] / 1e9, seconds[dtype] / seconds["fp32"], n))
+                                    workload.flops / seconds[dtype] / 1e9, seconds[dtype] / seconds["fp32"], size))
     return DtypeSpeed(rows, disturbance=disturbance_note(disturbed, device))
