@@ -49,6 +49,6 @@ def test_a_cuda_report_carries_the_workspaces_as_a_category_of_their_own():
     categories = {**cpu.categories, workspaces.label(): workspaces.total}
     gpu = dataclasses.replace(cpu, peak_by_device={"cuda:0": cpu.peak_bytes + workspaces.total},
                               categories_by_device={"cuda:0": categories}, peak_phase_by_device={"cuda:0": cpu.peak_phase})
-    row = next(r for r in gpu.rows if r["category"] == workspaces.label())
-    assert row["cuda:0"] == workspaces.total and workspaces.label() in str(gpu)
-    assert not any("cuBLAS" in r["category"] for r in cpu.rows)  # the CPU report is unchanged
+    row = gpu.find(category=workspaces.label())
+    assert row.at_peak["cuda:0"] == workspaces.total and workspaces.label() in str(gpu)
+    assert not any("cuBLAS" in r.category for r in cpu.rows)  # the CPU report is unchanged

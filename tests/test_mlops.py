@@ -38,13 +38,13 @@ def test_the_champion_alias_points_at_the_best_run_and_reloads_identically(sweep
     assert row.alias == "champion" and row.same_predictions
     client = mlflow.MlflowClient(sweep.uri)
     version = client.get_model_version_by_alias("test-digits", "champion")
-    assert client.get_run(version.run_id).info.run_id == sweep.best().run_uuid
+    assert client.get_run(version.run_id).info.run_id == max(sweep.rows, key=lambda r: r.accuracy).run_uuid
 
 
 def test_dvc_reruns_only_what_a_change_invalidates(tmp_path):
     steps = reproduce_step_by_step(tmp_path / "project")
-    assert steps.ran("first run") == ["prepare", "train"]
-    assert steps.ran("nothing") == []
-    assert steps.ran("train.epochs 2 -> 3") == ["train"]
-    assert steps.ran("prepare.subset 1000 -> 1500") == ["prepare", "train"]
+    assert steps.find(change="first run").stages == ["prepare", "train"]
+    assert steps.find(change="nothing").stages == []
+    assert steps.find(change="train.epochs 2 -> 3").stages == ["train"]
+    assert steps.find(change="prepare.subset 1000 -> 1500").stages == ["prepare", "train"]
     assert (tmp_path / "project" / "dvc.lock").exists() and any((tmp_path / "project-remote").rglob("*"))

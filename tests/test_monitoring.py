@@ -25,5 +25,5 @@ def test_features_are_one_row_per_image_and_see_brightness():
 def test_alarms_are_rare_without_a_shift_and_frequent_with_one():
     reference, pool = random_split(flat_pixels(load_digits(train=True).images), 1000)
     report = alarm_rates(reference, pool, {"brighter": lambda p: (p + 0.05).clamp(0, 1)}, batches=20)
-    assert report.rate("unshifted (false alarms)") <= 0.2  # alpha 0.05; 20 batches leave room for chance
-    assert report.rate("brighter") >= 0.9
+    assert report.find(condition="unshifted (false alarms)").rate <= 0.2  # alpha 0.05; 20 batches leave room for chance
+    assert report.find(condition="brighter").rate >= 0.9

@@ -55,5 +55,5 @@ def test_profile_patterns_report_all_three(one_thread):
     report = patterns.profile_patterns("cpu", steps=1, min_run_time=0.01, compute_n=128, launch_samples=8, decode_length=4)
     assert [r.expected for r in report.rows] == ["compute bound", "launch bound", "synchronisation bound"]
     assert all(r.speedup == pytest.approx(r.step_seconds / r.fixed_seconds) for r in report.rows)
-    assert report.by_pattern("launch bound").verdict == "launch bound"
+    assert report.find(expected="launch bound").verdict == "launch bound"
     assert len(report.plot().collections) == 3  # one point per program

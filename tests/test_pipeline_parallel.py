@@ -27,7 +27,7 @@ def test_equal_stages_give_the_formula_bubble(schedule, stages, micro_batches):
 def test_unequal_stages_idle_more_than_the_formula_and_1f1b_holds_fewer_activations():
     assert bubble_of(ideal_timeline(2, 4, "gpipe", forward=[1, 2], backward=[2, 4])) > bubble_fraction(2, 4)
     gpipe, one_f = pipeline_schedule(4, 8), pipeline_schedule(4, 8, "1f1b")
-    assert [r["held"] for r in gpipe.rows] == [8] * 4 and [r["held"] for r in one_f.rows] == [4, 3, 2, 1]
+    assert [r.held for r in gpipe.rows] == [8] * 4 and [r.held for r in one_f.rows] == [4, 3, 2, 1]
     assert gpipe.bubble == pytest.approx(one_f.bubble) == pytest.approx(gpipe.formula)
     plt.close(gpipe.plot().figure)
 

@@ -1,6 +1,8 @@
 """Tick labels the kit's charts show: short, with units, and never on top of each other."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -9,7 +11,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
 from helpers.core import plots  # noqa: E402
-from helpers.core.report import Column, Report  # noqa: E402
+from helpers.core.report import Report, column  # noqa: E402
 
 
 @pytest.mark.parametrize("value, unit, label", [
@@ -54,10 +56,12 @@ def test_a_memory_axis_uses_one_unit_for_every_tick():
 
 
 def test_html_tables_set_text_left_and_numbers_right():
-    class Tiny(Report):
-        columns = (Column("name", "name"), Column("value", "value", ".1f"))
+    @dataclass
+    class Named:
+        name: str = column("name")
+        value: float = column("value", ".1f")
 
-    page = Tiny([{"name": "alpha", "value": 1.0}, {"name": "beta", "value": 22.5}])._repr_html_()
+    page = Report([Named("alpha", 1.0), Named("beta", 22.5)])._repr_html_()
     assert "<td style='text-align:left'>alpha</td>" in page and "<td style='text-align:right'>22.5</td>" in page
 
 

@@ -5,6 +5,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from helpers.core.report import startswith
 from helpers.core.workers import launch
 from helpers.distributed.tensor_parallel import exchange, gather_from_parallel, tensor_parallel_check
 
@@ -13,12 +14,12 @@ def test_split_layers_match_one_device_with_one_all_reduce_each_way_for_the_mlp(
     report = tensor_parallel_check(world_sizes=(2,), batch=4, width=16, hidden=32)
     assert len(report.rows) == 4
     assert all(r.same_output and r.same_gradients for r in report.rows)
-    mlp = report.row("MLP: column", 2)
+    mlp = report.find(layer=startswith("MLP: column"), world_size=2)
     assert mlp.forward == "1 all_reduce (256 B)" and mlp.backward == "1 all_reduce (256 B)"
     assert mlp.sent_per_rank == 2 * 256 * 2 * (2 - 1) / 2 and mlp.weights_per_rank == pytest.approx(0.5, abs=0.01)
-    column = report.row("column", 2)
+    column = report.find(layer=startswith("column"), world_size=2)
     assert column.forward.startswith("1 all_gather") and column.backward.startswith("1 all_reduce")
-    assert report.row("MLP via torch", 2).forward == "1 all_reduce"
+    assert report.find(layer=startswith("MLP via torch"), world_size=2).forward == "1 all_reduce"
     with pytest.raises(ValueError, match="multiples"):
         tensor_parallel_check(world_sizes=(3,), width=16, hidden=32)
 

@@ -23,11 +23,12 @@ def test_each_stage_splits_one_more_part_of_the_training_state():
 
 
 def test_layout_from_a_bytes_per_param_row_counts_the_master_copy_as_optimizer_state():
-    row = bytes_per_param().row("mixed precision, Adam, fp32 master")
+    row = bytes_per_param().find(setup="mixed precision, Adam, fp32 master copy")
     assert Layout.from_row(row) == Layout(2, 2, 12, row.setup)
     report = zero_memory(workers=(1, 8), layout=row, params=1000, model_name="toy")
-    assert report.bytes_per_param(3, 8) == 2 and report.bytes_per_param(0, 8) == 16
-    assert report.rows[3]["model"] == 2000
+    assert report.find(stage=3).per_param[8] == 2 and report.find(stage=0).per_param[8] == 16
+    assert report.find(stage=3).model == {"toy at N=8": 2000}
+    assert "N=8" in str(report) and "toy at N=8" in str(report)
     plt.close(report.plot().figure)
 
 
@@ -37,7 +38,7 @@ def test_zero_on_real_workers_holds_what_the_formula_says_and_trains_like_ddp():
     for row in report.rows:
         assert row.total == pytest.approx(row.formula_bytes, rel=0.002)  # Adam's step counters are the only extra
         assert row.max_weight_difference < 1e-5
-    ddp, zero1, zero3 = (report.rows_of(s)[0] for s in (0, 1, 3))
+    ddp, zero1, zero3 = (report.find(stage=s, rank=0) for s in (0, 1, 3))
     assert zero1.parameters == ddp.parameters and zero1.optimizer_state < 0.6 * ddp.optimizer_state
     assert zero3.parameters == ddp.parameters // 2 and zero3.gradients == ddp.gradients // 2
     with pytest.raises(ValueError, match="multiple"):

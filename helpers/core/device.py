@@ -18,7 +18,7 @@ import psutil
 import torch
 
 from helpers.core.hardware_specs import GPUSpec, lookup_gpu
-from helpers.core.report import Column, Report, format_bytes
+from helpers.core.report import Report, column, format_bytes
 
 ENV_VAR = "EDL_DEVICE"
 DTYPES = {"fp64": torch.float64, "fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -44,9 +44,7 @@ def pick_device(device: str | torch.device | None = None) -> torch.device:
     """The device to run on: the argument, else $EDL_DEVICE, else CUDA when present, else CPU.
 
     A well-formed request for an accelerator that is not here falls back to the
-    CPU with a one-line notice, so a notebook never fails for lack of a GPU. This is
-    the kit's one device normaliser: every helper taking ``device`` passes it here, so
-    ``device=None`` means this pick everywhere.
+    CPU with a one-line notice, so a notebook never fails for lack of a GPU.
     """
     source = "argument"
     if device is None:
@@ -189,18 +187,13 @@ def cpu_native_dtypes() -> list[str]:
 # ---------------------------------------------------------------- GPU facts
 
 
-def gpu_spec(device: str | torch.device | None = None) -> GPUSpec | None:
-    """The datasheet of the GPU behind ``device`` (default: ``pick_device()``), or None without a GPU or for an unknown one."""
-    device = pick_device(device)
-    return lookup_gpu(torch.cuda.get_device_name(device)) if is_gpu(device) else None
+def gpu_spec(device: str | torch.device = "cuda") -> GPUSpec | None:
+    return lookup_gpu(torch.cuda.get_device_name(torch.device(device))) if gpu_available() else None
 
 
-def gpu_dtypes(device: str | torch.device | None = None) -> list[str]:
+def gpu_dtypes(device: str | torch.device = "cuda") -> list[str]:
     """Matmul dtypes this GPU supports natively (TF32 and BF16 need compute capability 8.0+)."""
-    device = pick_device(device)
-    if not is_gpu(device):
-        raise ValueError(f"gpu_dtypes needs a CUDA device, got {device}; use fast_dtypes(device), which answers for CPUs too")
-    major, _ = torch.cuda.get_device_capability(device)
+    major, _ = torch.cuda.get_device_capability(torch.device(device))
     return ["fp32", "tf32", "fp16", "bf16"] if major >= 8 else ["fp32", "fp16"]
 
 
@@ -229,15 +222,14 @@ def peak_bandwidth(device: str | torch.device) -> float | None:
 
 @dataclass
 class Fact:
-    item: str
-    value: str
+    item: str = column("item")
+    value: str = column("value")
 
 
 class Hardware(Report):
     """What this machine is: CPU, RAM, GPU, and the peaks that "% of peak" figures divide by."""
 
     title = "Hardware"
-    columns = (Column("item", "item"), Column("value", "value"))
 
     def __init__(self, device: torch.device):
         self.device = device

@@ -16,11 +16,15 @@ import copy
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 import torch
 from torch import nn
+from torch._C._autograd import DeviceType
 from torch.optim.adam import adam
+from torch.utils._foreach_utils import _get_foreach_kernels_supported_devices
+from torch.utils._pytree import tree_flatten
 
 from helpers.core import plots
 from helpers.core.fake import (
@@ -29,19 +33,18 @@ from helpers.core.fake import (
     as_example,
     batch_size_of,
     explain_fake_failures,
-    fake_run,
+    fake_copy,
+    fake_inputs,
+    fake_mode,
     first_device,
-    leaf_modules,
-    module_hooks,
     split_args,
     tensor_bytes,
 )
 from helpers.core.gpu_workspaces import BlasWorkspaces, blas_workspaces, live_workspaces
-from helpers.core.report import Column, Report, format_bytes
-from helpers.core.step import default_loss, resolve_amp, tensors_in, training_step
-from helpers.core.torch_adapters import mem_tracker, profiler_memory
-from helpers.core.torch_adapters.optim_defaults import foreach_by_default
-from helpers.core.torch_adapters.storage import storage_key
+from helpers.core.report import Report, column, format_bytes
+
+if TYPE_CHECKING:
+    from torch.distributed._tools.mem_tracker import MemTracker
 
 CATEGORIES = ("parameters", "gradients", "optimizer state", "activations", "temporaries", "input")
 PHASES = ("forward", "backward", "optimizer step")
@@ -67,6 +70,29 @@ OPTIMIZERS: dict[str, Callable] = {"sgd": _sgd, "sgd_momentum": _sgd_momentum, "
 OptimizerChoice = str | Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 
 
+def default_loss(output: Any) -> torch.Tensor:
+    """The default ``loss_fn``: the sum, in fp32, of every floating-point element the model returns.
+
+    Its gradient is 1 for every output element, so backward runs through the whole
+    network exactly as under any real loss. The loss itself adds only a scalar (and an
+    fp32 copy of a half-precision output); cross-entropy would also keep its
+    log-softmax, one more tensor the size of the output.
+    """
+    leaves = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    if not leaves:
+        raise ValueError("the model returned no floating-point tensor: pass loss_fn=..., a function from its output to a scalar")
+    loss = leaves[0].float().sum()
+    for t in leaves[1:]:
+        loss = loss + t.float().sum()
+    return loss
+
+
+def _torch_default_foreach(params: list[torch.Tensor]) -> bool:
+    """What torch's optimizers choose by default for real tensors on these devices: foreach kernels only on GPUs."""
+    supported = _get_foreach_kernels_supported_devices()
+    return bool(params) and all(p.device.type in supported for p in params)
+
+
 def make_optimizer(optimizer: OptimizerChoice, params: list[nn.Parameter], foreach: bool | None) -> torch.optim.Optimizer:
     """An optimizer from its name (``OPTIMIZERS``) or from a factory taking the parameters."""
     if callable(optimizer):
@@ -74,6 +100,46 @@ def make_optimizer(optimizer: OptimizerChoice, params: list[nn.Parameter], forea
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {optimizer!r}; choose one of {sorted(OPTIMIZERS)} or pass a function params -> optimizer")
     return OPTIMIZERS[optimizer](params, foreach)
+
+
+def autocast_dtype(amp: bool | str | torch.dtype, device_type: str) -> torch.dtype | None:
+    """The dtype autocast runs in for ``amp`` (True: fp16 on GPUs, bf16 on CPUs), or None without AMP."""
+    if amp is False or amp is None:
+        return None
+    if amp is True:
+        return torch.float16 if device_type == "cuda" else torch.bfloat16
+    names = {"fp16": torch.float16, "float16": torch.float16, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
+    if isinstance(amp, torch.dtype) and amp in names.values():
+        return amp
+    if isinstance(amp, str) and amp in names:
+        return names[amp]
+    raise ValueError(f"amp={amp!r} is not understood; use False, True, 'fp16' or 'bf16'")
+
+
+@lru_cache(maxsize=1)
+def _step_tracker_class() -> type:
+    """torch's MemTracker, plus the step's timeline: memory per device and kind after every operator.
+
+    Defined on first use: importing MemTracker loads torch.distributed, about a second.
+    """
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    class StepTracker(MemTracker):
+        def __init__(self):
+            super().__init__()
+            self.phase = "forward"
+            self.timeline: list[tuple[str, dict]] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = super().__torch_dispatch__(func, types, args, kwargs)
+            self.timeline.append((self.phase, self.get_tracker_snapshot()))
+            return out
+
+    return StepTracker
+
+
+def _new_tracker() -> "MemTracker":
+    return _step_tracker_class()()
 
 
 @dataclass
@@ -87,17 +153,24 @@ class _Step:
     loss_fn: Callable
     amp_dtype: torch.dtype | None
 
-    def run(self, tracker: Any = None) -> dict[str, int]:
-        """The kit's ``training_step`` (the loss freed before the update); returns the gradient bytes per device after backward."""
-        grads: dict[str, int] = {}
+    @property
+    def device_type(self) -> str:
+        return first_device(self.model).type
 
-        def on_phase(phase: str) -> None:
-            if phase == "optimizer step":
-                grads.update(_bytes_by_device(p.grad for p in self.model.parameters() if p.grad is not None))
-            self._phase(tracker, phase)
-
-        training_step(self.model, self.optimizer, self.kwargs or self.args, self.loss_fn, amp_dtype=self.amp_dtype,
-                      on_phase=on_phase, keep_loss=False)
+    def run(self, tracker: MemTracker | None = None) -> dict[str, int]:
+        """Forward, loss, backward, optimizer step, zero_grad; returns the gradient bytes per device after backward."""
+        self._phase(tracker, "forward")
+        with torch.autocast(self.device_type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
+            loss = self.loss_fn(self.model(*self.args, **self.kwargs))
+        if not (isinstance(loss, torch.Tensor) and loss.numel() == 1):
+            raise ValueError(f"loss_fn must return a scalar tensor, got {type(loss).__name__} {getattr(loss, 'shape', '')}")
+        self._phase(tracker, "backward")
+        loss.backward()
+        del loss
+        grads = _bytes_by_device(p.grad for p in self.model.parameters() if p.grad is not None)
+        self._phase(tracker, "optimizer step")
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
         return grads
 
     def create_optimizer_state(self) -> None:
@@ -109,7 +182,7 @@ class _Step:
         self.optimizer.zero_grad(set_to_none=True)
 
     @staticmethod
-    def _phase(tracker: Any, phase: str) -> None:
+    def _phase(tracker: MemTracker | None, phase: str) -> None:
         if tracker is not None:
             tracker.phase = phase
 
@@ -131,24 +204,17 @@ def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tens
 
 @dataclass
 class ModuleRow:
-    module: str
-    parameters: int
-    output: int
-    forward_peak: int
-    backward_peak: int
+    module: str = column("module")
+    parameters: int = column("parameters", format_bytes)
+    output: int = column("output", format_bytes)
+    forward_peak: int = column("peak in its forward", format_bytes)
+    backward_peak: int = column("peak in its backward", format_bytes)
 
 
 class ModuleMemory(Report):
     """Per module: its parameters, the output it returns, and the memory in use at its peak in forward and backward."""
 
     title = "Memory per module (MemTracker)"
-    columns = (
-        Column("module", "module"),
-        Column("parameters", "parameters", format_bytes),
-        Column("output", "output", format_bytes),
-        Column("forward_peak", "peak in its forward", format_bytes),
-        Column("backward_peak", "peak in its backward", format_bytes),
-    )
 
     def plot(self, ax=None):
         rows = [r for r in self.rows if r.module != "(whole model)"]
@@ -163,19 +229,31 @@ class ModuleMemory(Report):
         return ax
 
 
-def _categorize(kinds: Mapping[str, int], state_bytes: int) -> dict[str, int]:
-    """MemTracker's kinds (as ``torch_adapters.mem_tracker.by_kind`` names them) as the kit's categories;
-    tensors the optimizer makes beyond its state are temporaries."""
-    optimizer = kinds["optimizer state"]
+def _kind(key: Any) -> str:
+    return getattr(key, "value", key)  # MemTracker keys its categories by an enum whose values are these names
+
+
+def _categorize(snapshot: Mapping, state_bytes: int) -> dict[str, int]:
+    """MemTracker's kinds as the kit's categories; tensors the optimizer makes beyond its state are temporaries."""
+    kinds = {_kind(k): v for k, v in snapshot.items()}
+    optimizer = kinds.get("Optstate", 0)
     state = min(optimizer, state_bytes)
     return {
-        "parameters": kinds["parameters"] + kinds["buffers"],
-        "gradients": kinds["gradients"],
+        "parameters": kinds.get("Parameter", 0) + kinds.get("Buffer", 0),
+        "gradients": kinds.get("Gradient", 0),
         "optimizer state": state,
-        "activations": kinds["activations"],
-        "temporaries": kinds["temporaries"] + optimizer - state,
-        "input": kinds["other"],
+        "activations": kinds.get("Activation", 0),
+        "temporaries": kinds.get("Temp", 0) + optimizer - state,
+        "input": kinds.get("Other", 0),
     }
+
+
+@dataclass
+class CategoryBytes:
+    """One category's bytes at the peak, per device."""
+
+    category: str = column("category")
+    at_peak: dict[str, int] = column("at the peak on {}", format_bytes, spread=True)
 
 
 @dataclass(repr=False, eq=False)
@@ -213,9 +291,8 @@ class TrainingMemory(Report):
         self.title = f"Training-step memory of {self.model_name}: batch {self.batch_size}, {self.optimizer}, {self.amp} ({self.source})"
         devices = list(self.peak_by_device)
         extra = [c for d in devices for c in self.categories_by_device[d] if c not in CATEGORIES]
-        rows = [{"category": c, **{d: self.categories_by_device[d].get(c, 0) for d in devices}} for c in [*CATEGORIES, *dict.fromkeys(extra)]]
-        rows.append({"category": "peak", **self.peak_by_device})
-        self.columns = (Column("category", "category"), *(Column(d, f"at the peak on {d}", format_bytes) for d in devices))
+        rows = [CategoryBytes(c, {d: self.categories_by_device[d].get(c, 0) for d in devices}) for c in [*CATEGORIES, *dict.fromkeys(extra)]]
+        rows.append(CategoryBytes("peak", dict(self.peak_by_device)))
         notes = [
             f"Peak: {format_bytes(self.peak_bytes)} on {self.device}, during the {self.peak_phase}.",
             f"Persistent: parameters {format_bytes(self.param_bytes)} ({self.param_count:,}), gradients {format_bytes(self.grad_bytes)}, "
@@ -250,22 +327,28 @@ class TrainingMemory(Report):
         return ax
 
 
-def _module_rows(tracker: Any) -> list[ModuleRow]:
+def _module_rows(tracker: MemTracker) -> list[ModuleRow]:
     rows = []
-    for stats in mem_tracker.module_peaks(tracker):
-        root, _, rest = stats.fqn.partition(".")
-        rows.append(ModuleRow(rest or "(whole model)", stats.parameter_bytes, stats.output_bytes, stats.forward_peak, stats.backward_peak))
+    for stats in tracker.memory_tracking.values():
+        root, _, rest = stats.mod_fqn.partition(".")
+        peaks = {}
+        for state in ("Peak-Forward", "Peak-Backward"):
+            snaps = [snap for key, snaps in stats.snapshots.items() if _kind(key) == state for snap in snaps]
+            peaks[state] = max((dev["Total"] for snap in snaps for dev in snap.values()), default=0)
+        rows.append(ModuleRow(rest or "(whole model)", stats.parameter_mem, getattr(stats, "output_mem", 0),
+                              peaks["Peak-Forward"], peaks["Peak-Backward"]))
     return rows
 
 
-def _report(step: _Step, tracker: Any, grads: dict[str, int], state_at_start: dict[str, int], *,
+def _report(step: _Step, tracker: MemTracker, grads: dict[str, int], state_at_start: dict[str, int], *,
             model_name: str, batch_size: int, optimizer: OptimizerChoice, amp: str, source: str, **extra) -> TrainingMemory:
-    timeline = [(phase, {d: _categorize(s, state_at_start.get(d, 0)) for d, s in snap.items()}) for phase, snap in tracker.timeline]
+    timeline = [(phase, {str(d): _categorize(s, state_at_start.get(str(d), 0)) for d, s in snap.items()}) for phase, snap in tracker.timeline]
     peak_by_device: dict[str, int] = {}
     categories_by_device: dict[str, dict[str, int]] = {}
     phase_by_device: dict[str, str] = {}
-    for name, snap in mem_tracker.peak_by_kind(tracker).items():
-        peak_by_device[name] = snap["total"]
+    for device, snap in tracker.get_tracker_snapshot("peak").items():
+        name = str(device)
+        peak_by_device[name] = snap["Total"]
         categories_by_device[name] = _categorize(snap, state_at_start.get(name, 0))
     for name, peak in peak_by_device.items():
         phase_by_device[name] = next((phase for phase, snap in timeline if name in snap and sum(snap[name].values()) == peak), "forward")
@@ -336,17 +419,20 @@ def training_memory(
     devices for a model split over several; ``dtype`` casts parameters and inputs (pure
     low precision). Works on meta-device models and inputs; the model is not changed.
     """
-    run = fake_run(model, example_input, placement=device, dtype=dtype, prepare=_check_devices_exist)
-    fake_model, args, kwargs, example = run.model, run.args, run.kwargs, run.example
+    example = as_example(model, example_input)
+    mode = fake_mode()
+    fake_model = fake_copy(model, mode, device, dtype).train()
+    _check_devices_exist(fake_model)
     input_device = first_device(fake_model)
-    amp_dtype = resolve_amp(amp, input_device)
-    with run.mode, explain_fake_failures(model):
+    args, kwargs = fake_inputs(example, mode, input_device, dtype)
+    amp_dtype = autocast_dtype(amp, input_device.type)
+    with mode, explain_fake_failures(model):
         params = [p for p in fake_model.parameters() if p.requires_grad]
-        step = _Step(fake_model, args, kwargs, make_optimizer(optimizer, params, foreach=foreach_by_default(params)),
+        step = _Step(fake_model, args, kwargs, make_optimizer(optimizer, params, foreach=_torch_default_foreach(params)),
                      loss_fn or default_loss, amp_dtype)
         step.create_optimizer_state()
         state = _bytes_by_device(optimizer_state_tensors(step.optimizer))
-        tracker = mem_tracker.new_step_tracker()
+        tracker = _new_tracker()
         tracker.track_external(fake_model, step.optimizer, *args, *kwargs.values())
         with tracker:
             grads = step.run(tracker)
@@ -453,7 +539,12 @@ class _AllocatorPeak:
             self.profiler.__exit__(*exc)
         finally:
             self.quiet.__exit__(None, None, None)
-        self.peak = self.baseline + profiler_memory.peak_of(profiler_memory.cpu_allocations(self.profiler))
+        events = [e for e in self.profiler.profiler.kineto_results.events() if e.name() == "[memory]" and e.device_type() == DeviceType.CPU]
+        live = highest = 0
+        for event in sorted(events, key=lambda e: e.start_ns()):
+            live += event.nbytes()
+            highest = max(highest, live)
+        self.peak = self.baseline + highest
         return False
 
 
@@ -476,12 +567,12 @@ def measure_training_memory(
     device = first_device(real_model)
     example = as_example(model, example_input)
     args, kwargs = _real_inputs(example, device)
-    amp_dtype = resolve_amp(amp, device)
+    amp_dtype = autocast_dtype(amp, device.type)
     params = [p for p in real_model.parameters() if p.requires_grad]
     step = _Step(real_model, args, kwargs, make_optimizer(optimizer, params, foreach=None), loss_fn or default_loss, amp_dtype)
     step.run()  # warm-up: creates the optimizer's state (and, on a GPU, cuBLAS workspaces)
     state = _bytes_by_device(optimizer_state_tensors(step.optimizer))
-    tracker = mem_tracker.new_step_tracker()
+    tracker = _new_tracker()
     tracker.track_external(real_model, step.optimizer, *args, *kwargs.values())
     baseline = _live_bytes([*real_model.parameters(), *real_model.buffers(), *optimizer_state_tensors(step.optimizer), *args, *kwargs.values()], device)
     allocator = _AllocatorPeak(device, baseline) if device.type in ("cpu", "cuda") else None
@@ -497,18 +588,20 @@ def measure_training_memory(
 
 @dataclass
 class LayerMemRow:
-    layer: str
-    type: str
-    inputs: int
-    weights: int
-    outputs: int
-    weight_gradients: int = 0
-    output_gradients: int = 0
+    """One layer's working set; the gradient parts are None (and not shown) for inference."""
+
+    layer: str = column("layer")
+    type: str = column("type")
+    inputs: int = column("inputs", format_bytes)
+    weights: int = column("weights", format_bytes)
+    outputs: int = column("outputs", format_bytes)
+    weight_gradients: int | None = column("weight gradients", format_bytes, optional=True, default=None)
+    output_gradients: int | None = column("output gradients", format_bytes, optional=True, default=None)
+    total: int = column("working set", format_bytes, init=False)
     output_shape: tuple = ()
 
-    @property
-    def total(self) -> int:
-        return self.inputs + self.weights + self.outputs + self.weight_gradients + self.output_gradients
+    def __post_init__(self):
+        self.total = self.inputs + self.weights + self.outputs + (self.weight_gradients or 0) + (self.output_gradients or 0)
 
 
 WORKING_SET_PARTS = {"inference": ("inputs", "weights", "outputs"),
@@ -522,9 +615,6 @@ class LayerMemory(Report):
         self.mode, self.model_name, self.parts = mode, model_name, WORKING_SET_PARTS[mode]
         self.largest = max(rows, key=lambda r: r.total)
         self.title = f"Working set per layer of {model_name} ({mode}, input {', '.join(map(str, input_shapes))})"
-        self.columns = (Column("layer", "layer"), Column("type", "type"),
-                        *(Column(p, p.replace("_", " "), format_bytes) for p in self.parts),
-                        Column("total", "working set", format_bytes))
         notes = [f"Largest working set: {self.largest.layer} ({self.largest.type}), {format_bytes(self.largest.total)}."]
         super().__init__(rows, notes)
 
@@ -537,18 +627,25 @@ class LayerMemory(Report):
         return ax
 
 
+def _storage_id(t: torch.Tensor) -> int:
+    return t.untyped_storage()._cdata
+
+
 def _layer_rows(model: nn.Module, shape: Any, mode: str) -> tuple[list[LayerMemRow], list[tuple], ExampleInput]:
     """One forward pass on fake tensors, recording each leaf layer's input, weight and output bytes."""
     if mode not in WORKING_SET_PARTS:
         raise ValueError(f"mode must be 'inference' or 'training', got {mode!r}")
-    run = fake_run(model, shape, training=mode == "training")
+    example = as_example(model, shape)
+    mode_ = fake_mode()
+    fake_model = fake_copy(model, mode_).train(mode == "training")
+    args, kwargs = fake_inputs(example, mode_, first_device(fake_model))
     rows: list[LayerMemRow] = []
 
     def record(name: str, module: nn.Module, inputs, output) -> None:
-        ins = tensors_in(inputs)
-        read = {storage_key(t) for t in ins}
+        ins = [t for t in tree_flatten(inputs)[0] if isinstance(t, torch.Tensor)]
+        read = {_storage_id(t) for t in ins}
         # an in-place layer (ReLU(inplace=True)) writes over its input: its output takes no memory of its own
-        outs = [t for t in tensors_in(output) if storage_key(t) not in read]
+        outs = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor) and _storage_id(t) not in read]
         out_bytes = sum(tensor_bytes(t) for t in outs)
         training = mode == "training"
         rows.append(LayerMemRow(
@@ -556,16 +653,23 @@ def _layer_rows(model: nn.Module, shape: Any, mode: str) -> tuple[list[LayerMemR
             inputs=sum(tensor_bytes(t) for t in ins),
             weights=sum(tensor_bytes(t) for t in (*module.parameters(), *module.buffers())),
             outputs=out_bytes,
-            weight_gradients=sum(tensor_bytes(p) for p in module.parameters() if p.requires_grad) if training else 0,
-            output_gradients=sum(tensor_bytes(t) for t in tensors_in(output)) if training else 0,
+            weight_gradients=sum(tensor_bytes(p) for p in module.parameters() if p.requires_grad) if training else None,
+            output_gradients=sum(tensor_bytes(t) for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor)) if training else None,
             output_shape=tuple(output.shape) if isinstance(output, torch.Tensor) else (),
         ))
 
-    with module_hooks(leaf_modules(run.model), after=record), run.mode, torch.no_grad(), explain_fake_failures(model, "profiled"):
-        run.model(*run.args, **run.kwargs)
+    leaves = [(name, m) for name, m in fake_model.named_modules() if not any(True for _ in m.children())]
+    handles = [m.register_forward_hook(lambda mod, i, o, name=name: record(name, mod, i, o)) for name, m in leaves]
+    try:
+        with mode_, torch.no_grad(), explain_fake_failures(model, "profiled"):
+            fake_model(*args, **kwargs)
+    finally:
+        for h in handles:
+            h.remove()
     if not rows:
         raise ValueError(f"{type(model).__name__} ran no layers (modules) in its forward; nothing to profile")
-    return rows, run.input_shapes, run.example
+    args_, kwargs_ = split_args(example)
+    return rows, [tuple(t.shape) for t in (*args_, *kwargs_.values())], example
 
 
 def profile_layer_mem(model: nn.Module, shape: Any = None, mode: str = "inference") -> LayerMemory:
@@ -578,16 +682,21 @@ def profile_layer_mem(model: nn.Module, shape: Any = None, mode: str = "inferenc
     return LayerMemory(rows, mode, type(model).__name__, shapes)
 
 
+@dataclass
+class MemoryPart:
+    part: str = column("part")
+    bytes: int = column("bytes", format_bytes)
+    share: float = column("share (%)", ".1f")
+
+
 class MemoryShares(Report):
     """The shares of input, parameters, activations (and gradients) in a model's memory, by count of tensors."""
-
-    columns = (Column("part", "part"), Column("bytes", "bytes", format_bytes), Column("share", "share (%)", ".1f"))
 
     def __init__(self, shares: dict[str, int], mode: str, model_name: str):
         self.shares, self.mode, self.model_name = shares, mode, model_name
         self.total = sum(shares.values())
         self.title = f"Memory of {model_name} by part ({mode})"
-        rows = [{"part": k, "bytes": v, "share": 100 * v / self.total} for k, v in shares.items()]
+        rows = [MemoryPart(k, v, 100 * v / self.total) for k, v in shares.items()]
         notes = ["Activations = every layer's output, each counted once; a count of tensors, not a peak "
                  "(training_memory measures the peak of a real training step)."]
         super().__init__(rows, notes)
@@ -648,32 +757,20 @@ class MasterWeightAdam(torch.optim.Optimizer):
 
 @dataclass
 class BytesPerParamRow:
-    setup: str
+    setup: str = column("setup")
     label: str  # short, for the chart
-    weights: int
-    master_weights: int
-    gradients: int
-    optimizer_state: int
-    theory: int
-    measured: float
+    weights: int = column("weights")
+    master_weights: int = column("fp32 master")
+    gradients: int = column("gradients")
+    optimizer_state: int = column("optimizer state")
+    theory: int = column("total")
+    measured: float = column("measured", ".2f")
 
 
 class BytesPerParam(Report):
     """Bytes each parameter costs in training, by setup: theory, and ``training_memory`` on a real model."""
 
     title = "Bytes per parameter in training"
-    columns = (
-        Column("setup", "setup"),
-        Column("weights", "weights"),
-        Column("master_weights", "fp32 master"),
-        Column("gradients", "gradients"),
-        Column("optimizer_state", "optimizer state"),
-        Column("theory", "total"),
-        Column("measured", "measured", ".2f"),
-    )
-
-    def row(self, setup_prefix: str) -> BytesPerParamRow:
-        return next(r for r in self.rows if r.setup.startswith(setup_prefix))
 
     def plot(self, ax=None):
         parts = {"weights": [r.weights for r in self.rows], "fp32 master weights": [r.master_weights for r in self.rows],

@@ -21,42 +21,30 @@ from helpers.core import plots
 from helpers.core.data import make_MNIST_loader
 from helpers.core.device import gpu_available, gpu_notice, is_gpu, pick_device, synchronize
 from helpers.core.models import LeNet
-from helpers.core.report import Column, Report, format_seconds
-from helpers.core.step import training_step
-
-
-@dataclass
-class EpochTimes:
-    epoch: int
-    steps: int
-    samples: int
-    waiting_s: float
-    computing_s: float
-    samples_per_s: float
-    mean_loss: float
-
-    @property
-    def waiting_share(self) -> float:
-        return self.waiting_s / (self.waiting_s + self.computing_s)
+from helpers.core.report import Report, column, format_seconds
 
 
 def _percent(share: float) -> str:
     return f"{100 * share:.1f}%"
 
 
+@dataclass
+class EpochTimes:
+    epoch: int = column("epoch")
+    steps: int = column("steps")
+    samples: int = column("samples", ",")
+    waiting_s: float = column("waiting for data", format_seconds)
+    computing_s: float = column("computing", format_seconds)
+    waiting_share: float = column("waiting share", _percent, init=False)
+    samples_per_s: float = column("samples/s", ",.0f")
+    mean_loss: float = column("mean loss", ".3f")
+
+    def __post_init__(self):
+        self.waiting_share = self.waiting_s / (self.waiting_s + self.computing_s)
+
+
 class TrainReport(Report):
     """Where a training run's time went, per epoch: waiting for the next batch vs computing on it."""
-
-    columns = (
-        Column("epoch", "epoch"),
-        Column("steps", "steps"),
-        Column("samples", "samples", ","),
-        Column("waiting_s", "waiting for data", format_seconds),
-        Column("computing_s", "computing", format_seconds),
-        Column("waiting_share", "waiting share", _percent),
-        Column("samples_per_s", "samples/s", ",.0f"),
-        Column("mean_loss", "mean loss", ".3f"),
-    )
 
     def __init__(self, rows: Sequence[EpochTimes], *, device: torch.device, model_name: str, losses: list[float], step_waits: list[float], step_computes: list[float], num_workers: int, pin_memory: bool, source: str | None):
         self.device = device
@@ -134,7 +122,10 @@ def train(
         for step, (inputs, targets) in enumerate(loader, start=1):
             arrived = time.perf_counter()
             inputs, targets = inputs.to(device, non_blocking=non_blocking), targets.to(device, non_blocking=non_blocking)
-            loss = training_step(model, optimizer, inputs, lambda output, targets=targets: loss_fn(output, targets))
+            optimizer.zero_grad()
+            loss = loss_fn(model(inputs), targets)
+            loss.backward()
+            optimizer.step()
             synchronize(device)
             value = loss.item()
             done = time.perf_counter()
@@ -171,42 +162,29 @@ def train(
 
 @dataclass
 class DeviceRun:
-    setup: str
-    device: str
-    batch_size: int
-    steps: int
-    seconds: float
-    samples_per_s: float
-    waiting_share: float
-    final_loss: float
+    setup: str = column("setup")
+    device: str = column("device")
+    batch_size: int = column("batch")
+    steps: int = column("steps")
+    seconds: float = column("time", format_seconds)
+    samples_per_s: float = column("samples/s", ",.0f")
+    waiting_share: float = column("waiting share", _percent)
+    final_loss: float = column("final loss", ".3f")
 
 
 class DeviceComparison(Report):
     """The same model, data and initial weights trained on each available setup."""
 
     title = "Training on CPU vs GPU"
-    columns = (
-        Column("setup", "setup"),
-        Column("device", "device"),
-        Column("batch_size", "batch"),
-        Column("steps", "steps"),
-        Column("seconds", "time", format_seconds),
-        Column("samples_per_s", "samples/s", ",.0f"),
-        Column("waiting_share", "waiting share", _percent),
-        Column("final_loss", "final loss", ".3f"),
-    )
 
     def __init__(self, rows: Sequence[DeviceRun], reports: dict[str, TrainReport], notices: list[str]):
         super().__init__(rows, notices)
         self.reports = reports
         self.notices = notices
 
-    def run(self, setup: str) -> DeviceRun:
-        return next(r for r in self.rows if r.setup == setup)
-
     def speedup(self, setup: str, over: str = "CPU") -> float:
         """Throughput of ``setup`` divided by that of ``over``."""
-        return self.run(setup).samples_per_s / self.run(over).samples_per_s
+        return self.find(setup=setup).samples_per_s / self.find(setup=over).samples_per_s
 
     def plot(self, ax=None):
         ax = plots.new_axes(ax, title=self.title, ylabel="samples per second")

@@ -34,7 +34,7 @@ from typing import Iterable, Sequence
 
 import nbformat
 
-from helpers.core.report import Column, Report
+from helpers.core.report import Report, column
 from helpers.course import assignments, sandbox
 from helpers.course.sandbox import Limits
 
@@ -46,35 +46,25 @@ RUNNER_VERSION = "sandbox-1"  # part of every fingerprint: a change of the gradi
 class Outcome:
     """How one submission fared: graded (with its score and notes) or failed (with the reason)."""
 
-    student_id: str
-    assignment_id: str
-    status: str
-    score: float
-    max_score: float
-    seconds: float
+    student_id: str = column("student")
+    assignment_id: str = column("assignment")
+    status: str = column("status")
+    score: float = column("score", ".2f")
+    max_score: float = column("max", ".2f")
+    percent: float = column("%", ".1f", init=False)
+    seconds: float = column("seconds", ".1f")
     on_roster: bool
-    reason: str
+    reason: str = column("reason / notes")
     fingerprint: str = ""
 
-    @property
-    def percent(self) -> float:
-        return 100 * self.score / self.max_score if self.max_score else 0.0
+    def __post_init__(self):
+        self.percent = 100 * self.score / self.max_score if self.max_score else 0.0
 
 
 class AutogradeReport(Report):
     """One row per submission autograded: status, score, time, and the reason or notes."""
 
     title = "Autograding"
-    columns = (
-        Column("student_id", "student"),
-        Column("assignment_id", "assignment"),
-        Column("status", "status"),
-        Column("score", "score", ".2f"),
-        Column("max_score", "max", ".2f"),
-        Column("percent", "%", ".1f"),
-        Column("seconds", "seconds", ".1f"),
-        Column("reason", "reason / notes"),
-    )
 
     @property
     def failed(self) -> list[Outcome]:
@@ -432,7 +422,7 @@ def write_status(course, outcomes: Iterable[Outcome]) -> None:
     rows = read_status(course)
     for o in outcomes:
         rows[(o.student_id, o.assignment_id)] = {**dataclasses.asdict(o), "score": f"{o.score:g}", "max_score": f"{o.max_score:g}", "seconds": f"{o.seconds:.1f}"}
-    fields = [f.name for f in dataclasses.fields(Outcome)]
+    fields = [f.name for f in dataclasses.fields(Outcome) if f.init]
     temporary = course.root / (STATUS_FILE + ".tmp")
     with temporary.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore", restval="")

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Sequence
 
 from helpers.core.procs import stop_tree
-from helpers.core.report import Column, Report
+from helpers.core.report import Report, column
 from helpers.course import assignments
 from helpers.course.autograde import STATUS_FILE, AutogradeReport, Outcome, read_status, write_status  # noqa: F401 - the grading API
 from helpers.course.autograde import autograde as grade_submissions
@@ -276,9 +276,9 @@ def feedback(course: Course, assignment_ids: Sequence[str] = (), student_ids: Se
 
 @dataclass
 class StudentGrades:
-    student_id: str
-    percents: dict[str, float]
-    course_grade: float
+    student_id: str = column("student")
+    percents: dict[str, float] = column("{}", ".1f", spread=True)  # assignment id -> percentage
+    course_grade: float = column("course grade", ".2f")
     on_roster: bool
 
 
@@ -289,12 +289,7 @@ class CourseGrades(Report):
 
     def __init__(self, rows: list[StudentGrades], assignment_ids: list[str], failures: list[dict], submissions: dict[str, set[str]]):
         self.assignment_ids = assignment_ids
-        self.columns = (
-            Column("student_id", "student"),
-            *(Column(a, a, ".1f") for a in assignment_ids),
-            Column("course_grade", "course grade", ".2f"),
-        )
-        super().__init__([{"student_id": r.student_id, **r.percents, "course_grade": r.course_grade} for r in rows])
+        super().__init__(rows)
         self.students = rows
         self.failures = failures
         self.submissions = submissions  # assignment id -> ids of the students who submitted it

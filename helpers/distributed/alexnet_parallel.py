@@ -17,7 +17,7 @@ from torch import nn
 from helpers.core.device import gpu_notice, pick_device
 from helpers.core.fake import tensor_bytes
 from helpers.core.models import ALEXNET_INPUT, AlexNet2012, AlexNetTower, alexnet_2012
-from helpers.core.report import Column, Report, format_bytes
+from helpers.core.report import Report, column, format_bytes
 from helpers.core.workers import launch
 from helpers.distributed.tensor_parallel import communication_log, exchange, gather_from_parallel
 
@@ -55,29 +55,18 @@ def _tower_worker(batch: int, num_classes: int) -> dict:
 
 @dataclass
 class TowerRow:
-    where: str
-    rank: int
-    parameters: int
-    share_of_whole: float
-    max_output_difference: float
-    same_gradients: bool
-    forward: str
-    backward: str
+    where: str = column("where")
+    rank: int = column("tower")
+    parameters: int = column("weights held", format_bytes)
+    share_of_whole: float = column("of the whole", ".1%")
+    max_output_difference: float = column("max |logits - whole|", ".1e")
+    same_gradients: bool = column("same gradients")
+    forward: str = column("forward: exchanges")
+    backward: str = column("backward: exchanges")
 
 
 class AlexNetParallel(Report):
     """Each tower on its own process (or GPU): weights held, output and gradients against the whole network, traffic."""
-
-    columns = (
-        Column("where", "where"),
-        Column("rank", "tower"),
-        Column("parameters", "weights held", format_bytes),
-        Column("share_of_whole", "of the whole", ".1%"),
-        Column("max_output_difference", "max |logits - whole|", ".1e"),
-        Column("same_gradients", "same gradients"),
-        Column("forward", "forward: exchanges"),
-        Column("backward", "backward: exchanges"),
-    )
 
     def __init__(self, rows: list[TowerRow], notes: list[str], batch: int):
         self.title = f"AlexNet (2012) as two towers on two processes, batch {batch}, against the whole network"

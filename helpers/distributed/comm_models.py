@@ -20,7 +20,7 @@ from typing import Sequence
 import numpy as np
 
 from helpers.core import plots
-from helpers.core.report import Column, Report, format_bytes, format_seconds
+from helpers.core.report import Report, column, format_bytes, format_seconds
 
 SCHEMES = ("parameter server", "ring", "tree", "butterfly")
 
@@ -128,14 +128,14 @@ def fit_link(message_bytes: Sequence[float], seconds: Sequence[float], source: s
 
 @dataclass
 class SchemeCost:
-    scheme: str
-    workers: int
+    scheme: str = column("scheme")
+    workers: int = column("N")
     message_bytes: float
-    sent_per_worker: float
-    busiest_node: float
-    epoch_total: float
-    rounds: int
-    seconds: float | None
+    sent_per_worker: float = column("sent per worker", format_bytes)
+    busiest_node: float = column("busiest node in+out", format_bytes)
+    epoch_total: float = column("total per epoch", format_bytes)
+    rounds: int = column("rounds")
+    seconds: float | None = column("time (model)", format_seconds)
     source: str
 
 
@@ -143,15 +143,6 @@ class CommCosts(Report):
     """Per scheme and number of workers: bytes per worker, at the busiest node, per epoch, and modelled time."""
 
     title = "Gradient synchronisation: communication cost by scheme"
-    columns = (
-        Column("scheme", "scheme"),
-        Column("workers", "N"),
-        Column("sent_per_worker", "sent per worker", format_bytes),
-        Column("busiest_node", "busiest node in+out", format_bytes),
-        Column("epoch_total", "total per epoch", format_bytes),
-        Column("rounds", "rounds"),
-        Column("seconds", "time (model)", format_seconds),
-    )
 
     def __init__(self, rows, link: Link | None, batches_per_worker: int, notes=()):
         super().__init__(rows, notes)

@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from helpers.core import plots
 from helpers.core.device import cpu_threads
-from helpers.core.report import Column, Report, format_bytes, format_seconds
+from helpers.core.report import Report, column, format_bytes, format_seconds
 from helpers.core.workers import available_cores, worker_context
 
 # ---------------------------------------------------------------- starting a thread or a process
@@ -30,13 +30,12 @@ from helpers.core.workers import available_cores, worker_context
 
 @dataclass
 class StartCost:
-    what: str
-    seconds: float
+    what: str = column("started")
+    seconds: float = column("time", format_seconds)
 
 
 class StartCosts(Report):
     title = "Time to start a thread or a process that does nothing and ends"
-    columns = (Column("what", "started"), Column("seconds", "time", format_seconds))
 
 
 def _nothing() -> None:
@@ -95,27 +94,17 @@ def torch_work(size: int, repeats: int) -> float:
 
 @dataclass
 class GilRun:
-    work: str
-    method: str
-    tasks: int
-    seconds: float
-    speedup: float
+    work: str = column("work")
+    method: str = column("method")
+    tasks: int = column("tasks")
+    seconds: float = column("time", format_seconds)
+    speedup: float = column("speedup vs serial", ".2f")
 
 
 class GilDemo(Report):
     """The same tasks serially, on threads and on processes: only processes escape the GIL for Python code."""
 
     title = "Threads vs processes on Python work and on torch work"
-    columns = (
-        Column("work", "work"),
-        Column("method", "method"),
-        Column("tasks", "tasks"),
-        Column("seconds", "time", format_seconds),
-        Column("speedup", "speedup vs serial", ".2f"),
-    )
-
-    def get(self, work: str, method: str) -> GilRun:
-        return next(r for r in self.rows if r.work.startswith(work) and r.method.startswith(method))
 
     def plot(self, ax=None):
         works = list(dict.fromkeys(r.work for r in self.rows))
@@ -177,22 +166,15 @@ def _tensor_server(conn) -> None:
 
 @dataclass
 class HandOff:
-    method: str
-    tensor_bytes: int
-    pickled_bytes: int
-    seconds: float
-    parent_sees_change: bool
+    method: str = column("method")
+    tensor_bytes: int = column("tensor", format_bytes)
+    pickled_bytes: int = column("bytes through the pipe", format_bytes)
+    seconds: float = column("round trip", format_seconds)
+    parent_sees_change: bool = column("parent sees the child's in-place add")
 
 
 class SharedMemoryDemo(Report):
     title = "Handing a tensor to another process: a shared-memory handle vs a copy"
-    columns = (
-        Column("method", "method"),
-        Column("tensor_bytes", "tensor", format_bytes),
-        Column("pickled_bytes", "bytes through the pipe", format_bytes),
-        Column("seconds", "round trip", format_seconds),
-        Column("parent_sees_change", "parent sees the child's in-place add"),
-    )
 
 
 def shared_memory_demo(mib: int = 64) -> SharedMemoryDemo:
@@ -250,20 +232,14 @@ class DecodeHeavy(Dataset):
 
 @dataclass
 class LoaderRun:
-    loader: str
-    seconds: float
-    items_per_s: float
-    speedup: float
+    loader: str = column("loader")
+    seconds: float = column("one epoch", format_seconds)
+    items_per_s: float = column("items/s", ",.0f")
+    speedup: float = column("speedup", ".2f")
 
 
 class LoaderDemo(Report):
     title = "Reading a data set with Python-heavy decoding"
-    columns = (
-        Column("loader", "loader"),
-        Column("seconds", "one epoch", format_seconds),
-        Column("items_per_s", "items/s", ",.0f"),
-        Column("speedup", "speedup", ".2f"),
-    )
 
     def plot(self, ax=None):
         return plots.grouped_bars([r.loader for r in self.rows], {"items/s": [r.items_per_s for r in self.rows]}, ax,

@@ -19,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from helpers.core import plots
 from helpers.core.models import LeNet
-from helpers.core.report import Column, Report, format_bytes, format_seconds
+from helpers.core.report import Report, column, format_bytes, format_seconds
 from helpers.core.workers import available_cores, launch
 from helpers.distributed.collectives import time_collective, torch_all_reduce
 from helpers.distributed.comm_models import Link, all_reduce_time
@@ -76,30 +76,20 @@ def _batch(model_in: int, batch: int, seed: int) -> tuple[torch.Tensor, torch.Te
 
 @dataclass
 class BucketRun:
-    bucket_cap_mb: float
-    buckets: int
-    largest_bucket: int
-    first_launch_pct: float
-    step_seconds: float
-    compute_seconds: float
-    all_reduce_seconds: float
-    hidden_pct: float
+    bucket_cap_mb: float = column("bucket_cap_mb", "g")
+    buckets: int = column("buckets per step")
+    largest_bucket: int = column("largest bucket", format_bytes)
+    first_launch_pct: float = column("1st all-reduce at % of backward", ".0f")
+    step_seconds: float = column("DDP step", format_seconds)
+    compute_seconds: float = column("compute only", format_seconds)
+    all_reduce_seconds: float = column("all-reduce alone", format_seconds)
+    hidden_pct: float = column("comm. hidden %", ".0f")
 
 
 class BucketSweep(Report):
     """Per bucket cap: how many all-reduces DDP starts, how early the first starts, and the step time."""
 
     title = "DDP gradient buckets: count, overlap with backward, step time"
-    columns = (
-        Column("bucket_cap_mb", "bucket_cap_mb", "g"),
-        Column("buckets", "buckets per step"),
-        Column("largest_bucket", "largest bucket", format_bytes),
-        Column("first_launch_pct", "1st all-reduce at % of backward", ".0f"),
-        Column("step_seconds", "DDP step", format_seconds),
-        Column("compute_seconds", "compute only", format_seconds),
-        Column("all_reduce_seconds", "all-reduce alone", format_seconds),
-        Column("hidden_pct", "comm. hidden %", ".0f"),
-    )
 
     def plot(self, ax=None):
         caps = [f"{r.bucket_cap_mb:g} MB" for r in self.rows]
@@ -176,22 +166,15 @@ def bucket_sweep(caps_mb: Sequence[float] = (1, 2, 4, 25), world_size: int = 2, 
 
 @dataclass
 class AccumulationRun:
-    method: str
-    all_reduces_per_update: int
-    bytes_per_update: int
-    seconds_per_update: float
-    same_gradients: bool
+    method: str = column("method")
+    all_reduces_per_update: int = column("all-reduces per update")
+    bytes_per_update: int = column("bytes all-reduced per update", format_bytes)
+    seconds_per_update: float = column("time per update", format_seconds)
+    same_gradients: bool = column("same gradients as one big batch")
 
 
 class AccumulationDemo(Report):
     title = "Gradient accumulation over micro-batches: with and without no_sync()"
-    columns = (
-        Column("method", "method"),
-        Column("all_reduces_per_update", "all-reduces per update"),
-        Column("bytes_per_update", "bytes all-reduced per update", format_bytes),
-        Column("seconds_per_update", "time per update", format_seconds),
-        Column("same_gradients", "same gradients as one big batch"),
-    )
 
 
 def _accumulation_worker(micro_batches: int, width: int, depth: int, batch: int, repeats: int) -> list[AccumulationRun]:
@@ -241,14 +224,14 @@ def accumulation_demo(micro_batches: int = 4, world_size: int = 2, width: int = 
 
 @dataclass
 class ScalingPoint:
-    workers: int
-    measured_compute: float | None
-    measured_step: float | None
-    measured_speedup: float | None
-    model_compute: float
-    model_comm: float
-    model_step: float
-    model_speedup: float
+    workers: int = column("N")
+    measured_compute: float | None = column("compute (measured)", format_seconds)
+    measured_step: float | None = column("step (measured)", format_seconds)
+    measured_speedup: float | None = column("speedup (measured)", ".2f")
+    model_compute: float = column("compute (model)", format_seconds)
+    model_comm: float = column("all-reduce (model)", format_seconds)
+    model_step: float = column("step (model)", format_seconds)
+    model_speedup: float = column("speedup (model)", ".2f")
 
     @property
     def ran_here(self) -> bool:
@@ -259,16 +242,6 @@ class Scaling(Report):
     """Strong scaling of data-parallel LeNet training: measured here, and the calibrated model up to many workers."""
 
     title = "Data-parallel scaling, fixed global batch: measured here, and the model"
-    columns = (
-        Column("workers", "N"),
-        Column("measured_compute", "compute (measured)", format_seconds),
-        Column("measured_step", "step (measured)", format_seconds),
-        Column("measured_speedup", "speedup (measured)", ".2f"),
-        Column("model_compute", "compute (model)", format_seconds),
-        Column("model_comm", "all-reduce (model)", format_seconds),
-        Column("model_step", "step (model)", format_seconds),
-        Column("model_speedup", "speedup (model)", ".2f"),
-    )
 
     def plot(self, ax=None):
         measured = [r for r in self.rows if r.ran_here]

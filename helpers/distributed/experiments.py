@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from helpers.core import plots
-from helpers.core.report import Column, Report, format_bytes, format_seconds
+from helpers.core.report import Report, column, format_bytes, format_seconds
 from helpers.core.workers import WorkerError, WorkerTimeout, available_cores, launch  # noqa: F401  (re-exported)
 from helpers.distributed.collectives import ALL_REDUCES, count_traffic, ping_pong, time_collective
 from helpers.distributed.comm_models import Link, all_reduce_time, bytes_sent_per_worker, comm_costs, fit_link  # noqa: F401  (re-exported)
@@ -31,15 +31,14 @@ FLOAT_BYTES = 4
 
 @dataclass
 class CollectiveRow:
-    operation: str
-    rank: int
-    before: str
-    after: str
+    operation: str = column("operation")
+    rank: int = column("rank")
+    before: str = column("before")
+    after: str = column("after")
 
 
 class CollectivesDemo(Report):
     title = "Collectives on a real process group: each rank's tensor before and after"
-    columns = (Column("operation", "operation"), Column("rank", "rank"), Column("before", "before"), Column("after", "after"))
 
 
 def _show(t: torch.Tensor) -> str:
@@ -87,28 +86,18 @@ _OPERATION_ORDER = ["broadcast", "all_reduce", "all_gather", "reduce_scatter"]
 
 @dataclass
 class TrafficRow:
-    scheme: str
-    world_size: int
-    message_bytes: int
-    most_sent_by_a_rank: int
-    least_sent_by_a_rank: int
-    formula_per_worker: float
-    peers_of_rank_0: str
-    correct: bool
+    scheme: str = column("scheme")
+    world_size: int = column("N")
+    message_bytes: int = column("message", format_bytes)
+    most_sent_by_a_rank: int = column("max sent by a rank", ",d")
+    least_sent_by_a_rank: int = column("min sent by a rank", ",d")
+    formula_per_worker: float = column("formula", ",.0f")
+    peers_of_rank_0: str = column("rank 0 sends to")
+    correct: bool = column("result == dist.all_reduce")
 
 
 class TrafficCheck(Report):
     title = "Bytes each rank really sent in one all-reduce, beside the formula"
-    columns = (
-        Column("scheme", "scheme"),
-        Column("world_size", "N"),
-        Column("message_bytes", "message", format_bytes),
-        Column("most_sent_by_a_rank", "max sent by a rank", ",d"),
-        Column("least_sent_by_a_rank", "min sent by a rank", ",d"),
-        Column("formula_per_worker", "formula", ",.0f"),
-        Column("peers_of_rank_0", "rank 0 sends to"),
-        Column("correct", "result == dist.all_reduce"),
-    )
 
 
 def _count(numel: int) -> dict:
@@ -144,20 +133,15 @@ def traffic_check(world_sizes: Sequence[int] = (2, 3, 4), numel: int = 1001, tim
 
 @dataclass
 class LinkPoint:
-    message_bytes: int
-    seconds: float
-    model_seconds: float
+    message_bytes: int = column("message", format_bytes)
+    seconds: float = column("measured (one way)", format_seconds)
+    model_seconds: float = column("model alpha + b*beta", format_seconds)
 
 
 class LinkCalibration(Report):
     """One-way message times between two workers and the fitted alpha-beta line; ``.link`` holds the fit."""
 
     title = "Point-to-point time between two workers (fastest of repeats), and the fitted alpha-beta model"
-    columns = (
-        Column("message_bytes", "message", format_bytes),
-        Column("seconds", "measured (one way)", format_seconds),
-        Column("model_seconds", "model alpha + b*beta", format_seconds),
-    )
 
     def __init__(self, rows, link: Link, notes=()):
         super().__init__(rows, notes)
@@ -188,26 +172,18 @@ SCHEME_OF = {"ring (send/recv)": "ring", "parameter server (send/recv)": "parame
 
 @dataclass
 class AllReducePoint:
-    implementation: str
-    world_size: int
-    message_bytes: int
-    seconds: float
-    bus_gbs: float
-    model_seconds: float | None
+    implementation: str = column("implementation")
+    world_size: int = column("N")
+    message_bytes: int = column("message", format_bytes)
+    seconds: float = column("measured", format_seconds)
+    model_seconds: float | None = column("model", format_seconds)
+    bus_gbs: float = column("bus GB/s", ".2f")
 
 
 class AllReduceSweep(Report):
     """Measured all-reduce times by implementation, world size and message size, with the model beside them."""
 
     title = "All-reduce: measured time, and the alpha-beta model's prediction"
-    columns = (
-        Column("implementation", "implementation"),
-        Column("world_size", "N"),
-        Column("message_bytes", "message", format_bytes),
-        Column("seconds", "measured", format_seconds),
-        Column("model_seconds", "model", format_seconds),
-        Column("bus_gbs", "bus GB/s", ".2f"),
-    )
 
     def __init__(self, rows, link: Link | None, notes=()):
         super().__init__(rows, notes)
@@ -270,7 +246,7 @@ def all_reduce_sweep(
             for n in numels:
                 message, seconds = n * FLOAT_BYTES, times[(name, n)]
                 bus = 2 * (world - 1) / world * message / seconds / 1e9 if world > 1 else 0.0
-                rows.append(AllReducePoint(name, world, message, seconds, bus, model_for(name, message, world, link) if link else None))
+                rows.append(AllReducePoint(name, world, message, seconds, model_for(name, message, world, link) if link else None, bus))
     notes = ["bus GB/s = 2(N-1)/N x message / time: the per-link rate a ring needs; compare it across N."]
     cores = available_cores()
     if max(world_sizes) > cores:

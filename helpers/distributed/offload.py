@@ -18,7 +18,7 @@ from helpers.core import plots
 from helpers.core.device import is_gpu
 from helpers.core.fake import first_device
 from helpers.core.memory import MasterWeightAdam, training_memory
-from helpers.core.report import Column, Report, format_bytes, format_seconds
+from helpers.core.report import Report, column, format_bytes, format_seconds
 from helpers.distributed.memsave import demo_transformer, example_batch, mean_square_loss, time_interleaved, update_function
 from helpers.hardware import transfer_sweep
 
@@ -50,27 +50,17 @@ def offloaded_adam(host: str | torch.device):
 
 @dataclass
 class OffloadRow:
-    setup: str
-    device_peak: int
-    device_optimizer_state: int
-    host_bytes: int
-    copied_per_step: int
-    transfer_seconds: float
-    update_seconds: float | None
+    setup: str = column("setup")
+    device_peak: int = column("peak on the device", format_bytes)
+    device_optimizer_state: int = column("optimizer state on the device", format_bytes)
+    host_bytes: int = column("host memory at its peak", format_bytes)
+    copied_per_step: int = column("copied per step", format_bytes)
+    transfer_seconds: float = column("copy time (derived)", format_seconds)
+    update_seconds: float | None = column("update time (measured)", format_seconds)
 
 
 class Offload(Report):
     """Memory on the accelerator and the host, with and without offloading the optimizer, and the copies' cost."""
-
-    columns = (
-        Column("setup", "setup"),
-        Column("device_peak", "peak on the device", format_bytes),
-        Column("device_optimizer_state", "optimizer state on the device", format_bytes),
-        Column("host_bytes", "host memory at its peak", format_bytes),
-        Column("copied_per_step", "copied per step", format_bytes),
-        Column("transfer_seconds", "copy time (derived)", format_seconds),
-        Column("update_seconds", "update time (measured)", format_seconds),
-    )
 
     def __init__(self, rows: list[OffloadRow], notes: list[str], title: str, bandwidth_gbs: float):
         self.title, self.bandwidth_gbs = title, bandwidth_gbs

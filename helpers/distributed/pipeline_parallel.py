@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch import nn
 
 from helpers.core import plots
-from helpers.core.report import Column, Report, format_bytes, format_seconds
+from helpers.core.report import Report, column, format_bytes, format_seconds
 from helpers.core.workers import default_threads, launch
 from helpers.distributed.collectives import count_traffic
 
@@ -115,11 +115,19 @@ def _gantt(timeline: Sequence[Sequence[tuple]], ax, title: str, unit: str, scale
     return plots.gantt(lanes, ax, title=title, xlabel=unit)
 
 
+@dataclass
+class StageWork:
+    """One stage of an idealised schedule."""
+
+    stage: int = column("stage")
+    order: str = column("order of work")
+    busy: float = column("busy", ".3g")
+    idle: float = column("idle", ".3g")
+    held: int = column("activations held (micro-batches)")
+
+
 class PipelineSchedule(Report):
     """A pipeline schedule on an idealised clock: each stage's order of work, busy and idle time, the bubble."""
-
-    columns = (Column("stage", "stage"), Column("order", "order of work"), Column("busy", "busy", ".3g"),
-               Column("idle", "idle", ".3g"), Column("held", "activations held (micro-batches)"))
 
     def __init__(self, stages: int, micro_batches: int, schedule: str, forward: float, backward: float):
         self.stages, self.micro_batches, self.schedule = stages, micro_batches, schedule
@@ -131,8 +139,8 @@ class PipelineSchedule(Report):
         rows = []
         for s, lane in enumerate(self.timeline):
             busy = sum(e[3] - e[2] for e in lane)
-            rows.append(dict(stage=s, order=" ".join(f"{k}{i}" for k, i, _, _ in lane), busy=busy, idle=self.makespan - busy,
-                             held=_held(stage_order(s, stages, micro_batches, schedule))))
+            rows.append(StageWork(stage=s, order=" ".join(f"{k}{i}" for k, i, _, _ in lane), busy=busy, idle=self.makespan - busy,
+                                  held=_held(stage_order(s, stages, micro_batches, schedule))))
         notes = [f"Idle share (the bubble): {self.bubble:.3f}; (p - 1) / (m + p - 1) = {stages - 1}/{micro_batches + stages - 1} = {self.formula:.3f}."]
         super().__init__(rows, notes)
 
@@ -217,33 +225,20 @@ def _pipeline_worker(layers_per_stage: int, width: int, batch: int, micro_batch_
 
 @dataclass
 class PipelineRow:
-    micro_batches: int
-    micro_batch_size: int
-    formula_bubble: float
-    expected_bubble: float
-    measured_bubble: float
-    makespan: float
-    busy_per_stage: str
-    held: int
-    bytes_per_boundary: int
-    same_gradients: bool
+    micro_batches: int = column("m")
+    micro_batch_size: int = column("micro-batch")
+    formula_bubble: float = column("bubble (p-1)/(m+p-1)", ".3f")
+    expected_bubble: float = column("bubble from op times", ".3f")
+    measured_bubble: float = column("bubble measured", ".3f")
+    makespan: float = column("time per batch", format_seconds)
+    busy_per_stage: str = column("busy per stage")
+    held: int = column("activations held on stage 0")
+    bytes_per_boundary: int = column("sent per stage boundary", format_bytes)
+    same_gradients: bool = column("same gradients as unsplit")
 
 
 class PipelineRun(Report):
     """Measured pipelines, one row per number of micro-batches: the bubble beside the formula, and the gradients checked."""
-
-    columns = (
-        Column("micro_batches", "m"),
-        Column("micro_batch_size", "micro-batch"),
-        Column("formula_bubble", "bubble (p-1)/(m+p-1)", ".3f"),
-        Column("expected_bubble", "bubble from op times", ".3f"),
-        Column("measured_bubble", "bubble measured", ".3f"),
-        Column("makespan", "time per batch", format_seconds),
-        Column("busy_per_stage", "busy per stage"),
-        Column("held", "activations held on stage 0"),
-        Column("bytes_per_boundary", "sent per stage boundary", format_bytes),
-        Column("same_gradients", "same gradients as unsplit"),
-    )
 
     def __init__(self, rows: list[PipelineRow], timelines: dict[int, list[list[tuple]]], stages: int, schedule: str, notes: list[str]):
         self.timelines, self.stages, self.schedule = timelines, stages, schedule

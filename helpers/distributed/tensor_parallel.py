@@ -21,7 +21,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from helpers.core.report import Column, Report, format_bytes
+from helpers.core.report import Report, column, format_bytes
 from helpers.core.workers import launch
 from helpers.distributed.comm_models import bytes_sent_per_worker
 
@@ -221,33 +221,20 @@ def parallel_mlp(fc1: nn.Linear, fc2: nn.Linear) -> nn.Sequential:
 
 @dataclass
 class TensorParallelRow:
-    layer: str
-    world_size: int
-    same_output: bool
-    same_gradients: bool
-    weights_per_rank: float  # share of the full layer's weight bytes
-    forward: str
-    backward: str
-    sent_per_rank: float | None  # None where the collectives were only counted
+    layer: str = column("layer")
+    world_size: int = column("N")
+    same_output: bool = column("same output")
+    same_gradients: bool = column("same gradients")
+    weights_per_rank: float = column("weights per rank", ".0%")  # share of the full layer's weight bytes
+    forward: str = column("forward: collectives per rank")
+    backward: str = column("backward: collectives per rank")
+    sent_per_rank: float | None = column("sent per rank (ring)", format_bytes)  # None where the collectives were only counted
 
 
 class TensorParallelCheck(Report):
     """Split layers on real processes against the unsplit layers on one: outputs, gradients, and the communication each needs."""
 
     title = "Tensor parallelism on real processes, against one device"
-    columns = (
-        Column("layer", "layer"),
-        Column("world_size", "N"),
-        Column("same_output", "same output"),
-        Column("same_gradients", "same gradients"),
-        Column("weights_per_rank", "weights per rank", ".0%"),
-        Column("forward", "forward: collectives per rank"),
-        Column("backward", "backward: collectives per rank"),
-        Column("sent_per_rank", "sent per rank (ring)", format_bytes),
-    )
-
-    def row(self, prefix: str, world_size: int) -> TensorParallelRow:
-        return next(r for r in self.rows if r.layer.startswith(prefix) and r.world_size == world_size)
 
 
 def _close(a: torch.Tensor, b: torch.Tensor) -> bool:

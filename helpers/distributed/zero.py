@@ -19,7 +19,7 @@ from torch import nn
 
 from helpers.core import plots
 from helpers.core.memory import optimizer_state_tensors
-from helpers.core.report import Column, Report, format_bytes
+from helpers.core.report import Report, column, format_bytes
 from helpers.core.workers import launch
 from helpers.distributed.ddp import mlp
 
@@ -83,32 +83,38 @@ def formula(stage: int, layout: Layout) -> str:
     return " + ".join(kept + ([f"{split:g}/N"] if split else []))
 
 
+@dataclass
+class StageBytes:
+    """One ZeRO stage: what it shards, bytes per parameter per worker for each N, and the model's bytes per worker."""
+
+    label: str = column("stage")
+    sharded: str = column("sharded over N")
+    formula: str = column("B/param")
+    per_param: dict[int, float] = column("N={}", ".3g", spread=True)  # workers N -> bytes per parameter on each
+    model: dict[str, float] = column("{}", format_bytes, spread=True)  # '<model> at N=<largest N>' -> bytes on each worker
+    stage: int = 0
+
+
 class ZeroMemory(Report):
-    """Bytes per parameter per worker at each ZeRO stage against the number of workers N, and the model's size per worker."""
+    """Bytes per parameter per worker at each ZeRO stage against the number of workers N, and the model's size per worker.
+
+    ``find(stage=3).per_param[8]``: bytes per parameter on each of 8 workers at ZeRO-3.
+    """
 
     def __init__(self, layout: Layout, workers: Sequence[int], params: int | None, model_name: str):
         self.layout, self.workers, self.params = layout, list(workers), params
         self.title = f"ZeRO: bytes per parameter on each worker ({layout.name or 'given layout'})"
         self.per_param = {(s, n): sum(per_worker(s, n, layout).values()) for s in STAGES for n in self.workers}
-        rows = []
-        for stage, (name, sharded) in STAGES.items():
-            row = {"stage": f"{stage}: {name}", "sharded": sharded, "formula": formula(stage, layout)}
-            row.update({f"n{n}": self.per_param[stage, n] for n in self.workers})
-            if params:
-                row["model"] = self.per_param[stage, self.workers[-1]] * params
-            rows.append(row)
-        self.columns = (Column("stage", "stage"), Column("sharded", "sharded over N"), Column("formula", "B/param"),
-                        *(Column(f"n{n}", f"N={n}", ".3g") for n in self.workers),
-                        *([Column("model", f"{model_name} at N={self.workers[-1]}", format_bytes)] if params else []))
+        largest = self.workers[-1]
+        rows = [StageBytes(f"{stage}: {name}", sharded, formula(stage, layout), {n: self.per_param[stage, n] for n in self.workers},
+                           {f"{model_name} at N={largest}": self.per_param[stage, largest] * params} if params else {}, stage)
+                for stage, (name, sharded) in STAGES.items()]
         notes = []
         if params:
             notes.append(f"{model_name}: {params:,} parameters; at N = {self.workers[-1]} each worker holds "
                          + ", ".join(f"{format_bytes(self.per_param[s, self.workers[-1]] * params)} (stage {s})" for s in STAGES) + ".")
         notes.append("Activations come on top, at every stage; ZeRO-3 also gathers each layer's weights just before it runs.")
         super().__init__(rows, notes)
-
-    def bytes_per_param(self, stage: int, workers: int) -> float:
-        return self.per_param[stage, workers]
 
     def plot(self, ax=None):
         series = {f"stage {s}: {name}": (self.workers, [self.per_param[s, n] for n in self.workers]) for s, (name, _) in STAGES.items()}
@@ -134,41 +140,28 @@ def zero_memory(workers: Sequence[int] = (1, 2, 4, 8, 16, 32, 64), layout: Layou
 
 @dataclass
 class ZeroRankRow:
-    method: str
+    method: str = column("method")
     stage: int
-    rank: int
-    parameters: int
-    gradients: int
-    optimizer_state: int
-    formula_bytes: float
-    max_weight_difference: float
+    rank: int = column("rank")
+    parameters: int = column("parameters", format_bytes)
+    gradients: int = column("gradients", format_bytes)
+    optimizer_state: int = column("optimizer state", format_bytes)
+    total: int = column("total", format_bytes, init=False)
+    formula_bytes: float = column("formula", format_bytes)
+    max_weight_difference: float = column("max |w - w_DDP| after training", ".1e")
 
-    @property
-    def total(self) -> int:
-        return self.parameters + self.gradients + self.optimizer_state
+    def __post_init__(self):
+        self.total = self.parameters + self.gradients + self.optimizer_state
 
 
 class ZeroCheck(Report):
     """Every rank's parameter, gradient and optimizer-state bytes under DDP, ZeRO-1 and ZeRO-3, against the formula."""
-
-    columns = (
-        Column("method", "method"),
-        Column("rank", "rank"),
-        Column("parameters", "parameters", format_bytes),
-        Column("gradients", "gradients", format_bytes),
-        Column("optimizer_state", "optimizer state", format_bytes),
-        Column("total", "total", format_bytes),
-        Column("formula_bytes", "formula", format_bytes),
-        Column("max_weight_difference", "max |w - w_DDP| after training", ".1e"),
-    )
 
     def __init__(self, rows: list[ZeroRankRow], notes: list[str], world_size: int):
         self.world_size = world_size
         self.title = f"ZeRO on a real process group: {world_size} gloo workers, bytes held by each rank"
         super().__init__(rows, notes)
 
-    def rows_of(self, stage: int) -> list[ZeroRankRow]:
-        return [r for r in self.rows if r.stage == stage]
 
 
 def _local_bytes(tensors) -> int:

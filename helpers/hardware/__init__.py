@@ -5,9 +5,12 @@ Public face of ``helpers.hardware``; names load on first use.
 from helpers.core.lazy import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
-    ".bench": ["MatmulSweep", "batch_throughput", "benchmark_mistakes", "caching_allocator_demo",
-               "copy_compute_overlap", "cudnn_benchmark_demo", "matmul_gflops", "matmul_sweep",
-               "tensor_core_shapes", "time_matmul", "transfer_sweep"],
+    ".matmuls": ["MatmulSweep", "matmul_gflops", "matmul_sweep", "tensor_core_shapes", "time_matmul"],
+    ".mistakes": ["benchmark_mistakes"],
+    ".allocator": ["caching_allocator_demo"],
+    ".transfers": ["copy_compute_overlap", "transfer_sweep"],
+    ".autotune": ["cudnn_benchmark_demo"],
+    ".batches": ["batch_throughput"],
     ".flops": ["profile_ops"],
     ".roofline": ["Workload", "attention_workload", "conv_workload", "default_workloads", "elementwise_workload",
                   "matmul_workload", "measure_bandwidth", "measure_roofline", "operator_roofline", "ridge_point", "roof"],

@@ -20,8 +20,7 @@ from helpers.core.device import gpu_available
 from helpers.core.hardware_specs import GTX_580_3GB, GPUSpec
 from helpers.core.memory import CATEGORIES, LayerMemory, TrainingMemory, profile_layer_mem, training_memory
 from helpers.core.models import ALEXNET_INPUT, AlexNet2012, AlexNet2012Split, alexnet_2012
-from helpers.core.report import Column, Report, format_bytes
-from helpers.core.step import resolve_amp
+from helpers.core.report import Report, column, format_bytes
 from helpers.hardware.oom import largest_batch
 
 FIGURE_SIZE = (14, 4.8)  # the case study's two charts side by side
@@ -39,10 +38,9 @@ def paper_sgd(params) -> torch.optim.Optimizer:
 
 
 def _precision_settings(precision: str) -> dict:
-    """``training_memory``'s arguments for a precision of the case study; "amp" is autocast as on the paper's GPU."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    return {"fp32": {}, "amp": {"amp": resolve_amp(True, "cuda")}, "fp16": {"dtype": torch.float16}}[precision]
+    return {"fp32": {}, "amp": {"amp": "fp16"}, "fp16": {"dtype": torch.float16}}[precision]
 
 
 @dataclass
@@ -84,28 +82,18 @@ def convolution_workspace_per_sample(model: nn.Module, layers: LayerMemory, elem
 
 @dataclass
 class CardRow:
-    configuration: str
-    batch: int
-    tensors: int
-    overheads: int
-    total: int
+    configuration: str = column("configuration")
+    batch: int = column("batch", ",")
+    tensors: int = column("tensors (training_memory)", format_bytes)
+    overheads: int = column("non-tensor (estimated)", format_bytes)
+    total: int = column("total", format_bytes)
     card: int
-    headroom: int
-    fits: str
+    headroom: int = column("headroom on the card", format_bytes)
+    fits: str = column("fits")
 
 
 class AlexNetCase(Report):
     """AlexNet (2012) against its GPUs: one card, the two-tower split, and the largest batch one card holds."""
-
-    columns = (
-        Column("configuration", "configuration"),
-        Column("batch", "batch", ","),
-        Column("tensors", "tensors (training_memory)", format_bytes),
-        Column("overheads", "non-tensor (estimated)", format_bytes),
-        Column("total", "total", format_bytes),
-        Column("headroom", "headroom on the card", format_bytes),
-        Column("fits", "fits"),
-    )
 
     def __init__(self, rows: list[CardRow], notes: list[str], *, precision: str, card: GPUSpec, layers: LayerMemory,
                  single: TrainingMemory, split: TrainingMemory | None, overheads: dict[str, list[Overhead]],

@@ -17,7 +17,7 @@ from helpers.core import plots
 from helpers.core.device import Fact, is_gpu
 from helpers.core.fake import ExampleInput, as_example, batch_size_of, first_device, with_batch
 from helpers.core.memory import OptimizerChoice, TrainingMemory, training_memory
-from helpers.core.report import Column, Report, format_bytes
+from helpers.core.report import Report, format_bytes
 
 
 def parse_bytes(size: int | float | str) -> int:
@@ -79,7 +79,6 @@ class BatchFit(Report):
     """Whether one training step at a batch size fits a memory budget, why not, and the largest batch that does."""
 
     title = "Will this batch fit?"
-    columns = (Column("item", "item"), Column("value", "value"))
 
     def __init__(self, *, model_name: str, batch_size: int, estimate: TrainingMemory, budget_bytes: int, budget_source: str,
                  largest_batch: int, peaks: dict[int, int], ran: bool = False, error: str | None = None, result: Any = None):

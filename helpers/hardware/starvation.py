@@ -23,7 +23,7 @@ from helpers.core import plots
 from helpers.core.data import EncodedDigits, make_encoded_MNIST, make_loader
 from helpers.core.device import cpu_threads, gpu_notice, is_gpu, pick_device
 from helpers.core.models import LeNet
-from helpers.core.report import Column, Report, format_seconds
+from helpers.core.report import Report, column, format_seconds
 from helpers.core.training_loop import _percent, train
 
 DATASET_SAMPLES = 1024  # distinct digits; runs draw from them with replacement, augmented afresh each time
@@ -31,30 +31,20 @@ DATASET_SAMPLES = 1024  # distinct digits; runs draw from them with replacement,
 
 @dataclass
 class StarvationPoint:
-    num_workers: int
-    pin_memory: bool
-    steps: int
-    startup_s: float
-    waiting_s: float
-    computing_s: float
-    samples_per_s: float
-    waiting_share: float
+    num_workers: int = column("num_workers")
+    pin_memory: bool = column("pin_memory")
+    steps: int = column("steps")
+    startup_s: float = column("first batch (start-up)", format_seconds)
+    waiting_s: float = column("waiting", format_seconds)
+    computing_s: float = column("computing", format_seconds)
+    samples_per_s: float = column("samples/s", ",.0f")
+    waiting_share: float = column("waiting share", _percent)
 
 
 class StarvationSweep(Report):
     """Throughput and waiting share per (num_workers, pin_memory), measured in the steady state."""
 
     title = "Starving the accelerator: DataLoader workers"
-    columns = (
-        Column("num_workers", "num_workers"),
-        Column("pin_memory", "pin_memory"),
-        Column("steps", "steps"),
-        Column("startup_s", "first batch (start-up)", format_seconds),
-        Column("waiting_s", "waiting", format_seconds),
-        Column("computing_s", "computing", format_seconds),
-        Column("samples_per_s", "samples/s", ",.0f"),
-        Column("waiting_share", "waiting share", _percent),
-    )
 
     def __init__(self, rows: Sequence[StarvationPoint], notes: Sequence[str], *, device: torch.device, batch_size: int, latency_ms: float, cpu_ms_per_sample: float):
         super().__init__(rows, notes)
@@ -63,18 +53,11 @@ class StarvationSweep(Report):
         self.latency_ms = latency_ms
         self.cpu_ms_per_sample = cpu_ms_per_sample
 
-    def point(self, num_workers: int, pin_memory: bool = False) -> StarvationPoint:
-        return next(p for p in self.rows if p.num_workers == num_workers and p.pin_memory == pin_memory)
-
-    @property
-    def best(self) -> StarvationPoint:
-        """The setting with the highest throughput."""
-        return max(self.rows, key=lambda p: p.samples_per_s)
-
     @property
     def starvation_ratio(self) -> float:
         """Waiting share with no workers divided by the waiting share at the best setting."""
-        return self.point(0, False).waiting_share / max(self.best.waiting_share, 1e-9)
+        best = max(self.rows, key=lambda p: p.samples_per_s)
+        return self.find(num_workers=0, pin_memory=False).waiting_share / max(best.waiting_share, 1e-9)
 
     def plot(self, ax=None):
         """Two panels: throughput, and the share of time spent waiting for data, against num_workers."""

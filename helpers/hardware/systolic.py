@@ -16,7 +16,8 @@ import torch
 from matplotlib.ticker import MaxNLocator
 
 from helpers.core import plots
-from helpers.core.report import Column, Report
+from helpers.core.device import Fact
+from helpers.core.report import Report, column
 
 DATAFLOWS = ("weight", "input", "output")
 STATIONARY = {"weight": "weights W[k, n]", "input": "inputs A[m, k]", "output": "outputs C[m, n]"}
@@ -109,16 +110,8 @@ def _tiles(size: int, tile: int) -> list[slice]:
     return [slice(start, min(start + tile, size)) for start in range(0, size, tile)]
 
 
-@dataclass
-class Fact:
-    item: str
-    value: str
-
-
 class SystolicRun(Report):
     """One matmul on a simulated systolic array: its cycles and utilisation, simulated and by formula."""
-
-    columns = (Column("item", "item"), Column("value", "value"))
 
     def __init__(self, *, dataflow: str, shape: tuple[int, int, int], array: tuple[int, int], result: torch.Tensor, expected: torch.Tensor, passes: list[Pass], formula_cycles: int):
         m, k, n = shape
@@ -228,29 +221,18 @@ def _tiled(dataflow: str, a: torch.Tensor, w: torch.Tensor, array: tuple[int, in
 
 @dataclass
 class DataflowRow:
-    dataflow: str
-    stationary: str
-    array: str
-    passes: int
-    cycles: int
-    formula_cycles: int
-    utilisation: float
-    correct: bool
+    dataflow: str = column("dataflow")
+    stationary: str = column("stays in the PEs")
+    array: str = column("array")
+    passes: int = column("passes")
+    cycles: int = column("cycles", ",")
+    formula_cycles: int = column("formula", ",")
+    utilisation: float = column("utilisation", lambda u: f"{100 * u:.1f}%")
+    correct: bool = column("matches torch.matmul")
 
 
 class DataflowComparison(Report):
     """The same matmul on weight-, input- and output-stationary arrays of the same size."""
-
-    columns = (
-        Column("dataflow", "dataflow"),
-        Column("stationary", "stays in the PEs"),
-        Column("array", "array"),
-        Column("passes", "passes"),
-        Column("cycles", "cycles", ","),
-        Column("formula_cycles", "formula", ","),
-        Column("utilisation", "utilisation", lambda u: f"{100 * u:.1f}%"),
-        Column("correct", "matches torch.matmul"),
-    )
 
     def __init__(self, runs: dict[str, SystolicRun]):
         self.runs = runs

@@ -20,7 +20,7 @@ from helpers.core import plots
 from helpers.core.device import is_gpu, pick_device
 from helpers.core.memory import training_memory
 from helpers.core.models import BasicFCModel
-from helpers.core.report import Column, Report, format_bytes, format_seconds
+from helpers.core.report import Report, column, format_bytes, format_seconds
 from helpers.core.timing import timeit
 
 MNIST_TRAINING_IMAGES = 60_000
@@ -64,17 +64,26 @@ def training_working_set_bytes(model: nn.Module, example_input: torch.Tensor) ->
     return training_memory(model, example_input, "sgd").peak_bytes
 
 
+def _duration(seconds: float) -> str:
+    """Seconds as s, min, h or days, whichever reads best."""
+    for unit, size in (("days", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= 2 * size:
+            return f"{seconds / size:,.1f} {unit}"
+    return format_seconds(seconds)
+
+
 @dataclass
 class SizePoint:
-    hidden: int
-    parameters: int
-    working_set_bytes: int
-    fits_in: str
-    step_s: float
-    ns_per_parameter: float
-    page_faults_per_step: float | None
-    epoch_s: float
-    estimate_s: float
+    hidden: int = column("hidden")
+    parameters: int = column("parameters", ",")
+    working_set_bytes: int = column("working set", format_bytes)
+    fits_in: str = column("fits in")
+    step_s: float = column("time per step", format_seconds)
+    ns_per_parameter: float = column("ns / parameter / step", ".2f")
+    page_faults_per_step: float | None = column("page faults / step", ",.0f")
+    epoch_s: float = column("epoch (extrapolated)", format_seconds)
+    estimate_s: float  # the whole training run
+    estimate: dict[str, float] = column("{}", _duration, spread=True, default_factory=dict)  # {"<E> epochs": estimate_s}
 
     @property
     def fresh_pages(self) -> bool:
@@ -89,17 +98,6 @@ class WorkingSetSweep(Report):
         self.model_name, self.levels, self.device = model_name, levels, device
         self.epochs, self.batch_size, self.steps_per_epoch, self.threads = epochs, batch_size, steps_per_epoch, threads
         self.title = f"{model_name}: training time against hidden size ({device}, batch {batch_size})"
-        self.columns = (
-            Column("hidden", "hidden"),
-            Column("parameters", "parameters", ","),
-            Column("working_set_bytes", "working set", format_bytes),
-            Column("fits_in", "fits in"),
-            Column("step_s", "time per step", format_seconds),
-            Column("ns_per_parameter", "ns / parameter / step", ".2f"),
-            Column("page_faults_per_step", "page faults / step", ",.0f"),
-            Column("epoch_s", "epoch (extrapolated)", format_seconds),
-            Column("estimate_s", f"{epochs} epochs", _duration),
-        )
         main = levels[-1]
         self.rows = list(rows)
         self.ram_hidden = _hidden_at(main.bytes, rows)
@@ -172,14 +170,6 @@ def _runs_on(device: torch.device, threads: int) -> str:
     return torch.cuda.get_device_name(device) if is_gpu(device) else f"{threads} CPU thread{'s' if threads > 1 else ''}"
 
 
-def _duration(seconds: float) -> str:
-    """Seconds as s, min, h or days, whichever reads best."""
-    for unit, size in (("days", 86400), ("h", 3600), ("min", 60)):
-        if seconds >= 2 * size:
-            return f"{seconds / size:,.1f} {unit}"
-    return format_seconds(seconds)
-
-
 def _hidden_at(nbytes: int, rows: Sequence[SizePoint]) -> int:
     """The hidden size whose working set is ``nbytes``, interpolated (or extrapolated) linearly between measured sizes."""
     pairs = sorted((r.working_set_bytes, r.hidden) for r in rows)
@@ -231,7 +221,8 @@ def estimate_training_for(
         parameters = sum(p.numel() for p in model.parameters())
         fits_in = next((lv.name for lv in levels if working_set <= lv.bytes), f"beyond {levels[-1].name}")
         epoch_s = step_s * steps_per_epoch
-        rows.append(SizePoint(hidden, parameters, working_set, fits_in, step_s, step_s / parameters * 1e9, faults, epoch_s, epoch_s * epochs))
+        rows.append(SizePoint(hidden, parameters, working_set, fits_in, step_s, step_s / parameters * 1e9, faults, epoch_s, epoch_s * epochs,
+                              {f"{epochs} epochs": epoch_s * epochs}))
         del model
     return WorkingSetSweep(rows, model_name=getattr(nettype, "__name__", "model"), levels=levels, device=device, epochs=epochs, batch_size=batch_size, steps_per_epoch=steps_per_epoch, threads=threads)
 

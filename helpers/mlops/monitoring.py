@@ -73,9 +73,6 @@ class AlarmReport(Report):
 
     title = "Drift alarms, measured"
 
-    def rate(self, condition: str) -> float:
-        return self.find(condition=condition).rate
-
 
 def alarm_rates(reference: torch.Tensor, pool: torch.Tensor, shifts: dict[str, Callable[[torch.Tensor], torch.Tensor]],
                 features: Callable[[torch.Tensor], np.ndarray] | None = None, batches: int = 50, batch_size: int = 200,

@@ -66,9 +66,6 @@ class SweepReport(Report):
         self.uri, self.experiment = uri, experiment
         super().__init__(rows, [f"store: {uri}; experiment {experiment!r}"])
 
-    def best(self) -> TrackedRun:
-        return max(self.rows, key=lambda r: r.accuracy)
-
 
 def tracked_sweep(hidden_sizes: Sequence[int] = (16, 64), lrs: Sequence[float] = (1e-3,), epochs: int = 3,
                   experiment: str = "mnist-sweep", folder: str | Path | None = None) -> SweepReport:
@@ -117,7 +114,7 @@ def promote_best(sweep: SweepReport, name: str = "mnist-digits", alias: str = "c
     mlflow = _mlflow(sweep.uri)
     from mlflow import MlflowClient
 
-    best = sweep.best()
+    best = max(sweep.rows, key=lambda r: r.accuracy)
     version = mlflow.register_model(best.model_uri, name)
     MlflowClient().set_registered_model_alias(name, alias, version.version)
     reloaded = mlflow.pytorch.load_model(f"models:/{name}@{alias}")

@@ -79,14 +79,13 @@ class DvcProject:
 class ReproStep:
     change: str = column("what changed")
     ran: str = column("stages dvc repro ran")
+    stages: list[str]  # the stages that ran, as a list (empty: up to date)
 
 
 class ReproReport(Report):
-    title = "dvc repro runs only what a change invalidates"
+    """Each change and the stages ``dvc repro`` ran for it: ``find(change=...).stages``."""
 
-    def ran(self, change: str) -> list[str]:
-        found = self.find(change=change).ran
-        return [] if found == "(none: up to date)" else found.split(", ")
+    title = "dvc repro runs only what a change invalidates"
 
 
 def reproduce_step_by_step(folder: str | Path) -> ReproReport:
@@ -96,7 +95,7 @@ def reproduce_step_by_step(folder: str | Path) -> ReproReport:
 
     def record(change: str) -> None:
         ran = project.repro()
-        steps.append(ReproStep(change, ", ".join(ran) or "(none: up to date)"))
+        steps.append(ReproStep(change, ", ".join(ran) or "(none: up to date)", list(ran)))
 
     record("first run")
     project.commit("pipeline and its lock file")

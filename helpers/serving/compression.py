@@ -77,9 +77,6 @@ class CompressionTable(Report):
 
     title = "Cheaper models: size, latency, accuracy"
 
-    def baseline(self) -> Variant:
-        return self.rows[0]
-
     def plot(self, ax=None):
         from helpers.core.plots import labelled_scatter
 

@@ -25,9 +25,6 @@ class ServerComparison(Report):
 
     title = "Worker processes against threads, same load"
 
-    def best(self) -> ServerSetup:
-        return max(self.rows, key=lambda r: r.throughput)
-
     def plot(self, ax=None):
         from helpers.core.plots import horizontal_bars
 
@@ -109,9 +106,6 @@ class BatchingTradeoff(Report):
     """A plain server against dynamically batching ones, under the same bounded load."""
 
     title = "Dynamic batching: throughput against latency"
-
-    def plain(self) -> BatchingSetting:
-        return self.rows[0]
 
     def plot(self, ax=None):
         from helpers.core.plots import labelled_scatter

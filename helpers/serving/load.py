@@ -149,9 +149,6 @@ class RequestBreakdown(Report):
         super().__init__(rows, [f"Median of {requests} sequential requests with {inputs} image(s) each; "
                                 "'HTTP, network and framework' is the client's total minus the server's phases."])
 
-    def seconds(self, phase: str) -> float:
-        return self.find(phase=phase).median
-
     def plot(self, ax=None):
         from helpers.core.plots import horizontal_bars
 

@@ -12,10 +12,10 @@ from torch import nn
 
 from helpers.core import plots
 from helpers.core.device import gpu_notice, pick_device
-from helpers.core.memory import make_optimizer, training_memory
-from helpers.core.report import Column, Report, format_bytes, format_seconds
-from helpers.core.step import amp_name, resolve_amp, training_step
+from helpers.core.memory import default_loss, make_optimizer, training_memory
+from helpers.core.report import Report, column, format_bytes, format_seconds
 from helpers.core.timing import timeit
+from helpers.training.precision import DTYPE_NAMES, amp_dtype
 
 
 @dataclass
@@ -36,6 +36,21 @@ class StepMemory:
         return (self.param_bytes + self.grad_bytes + self.optimizer_bytes) / self.parameters
 
 
+def _train_step(model, optimizer, x, low: torch.dtype | None, scaler=None) -> None:
+    """Forward (under autocast when ``low`` is set), the loss, backward, optimizer step."""
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(x.device.type, dtype=low or torch.float32, enabled=low is not None):
+        out = model(x)
+    loss = default_loss(out)
+    if scaler is None:
+        loss.backward()
+        optimizer.step()
+    else:
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+
+
 def step_memory(
     model: nn.Module,
     example_input: torch.Tensor,
@@ -46,21 +61,16 @@ def step_memory(
     """One training step's memory by category, from ``training_memory`` (fake tensors: nothing is allocated).
 
     ``optimizer`` is one of training_memory's names ("sgd", "sgd_momentum", "adam") or a
-    factory; ``amp`` is None (fp32), "bf16", "fp16" or True (the device's default). The
-    activations are the largest amount forward held at any point of the step; the tests
-    check training_memory against real steps.
+    factory; ``amp`` is None (fp32), "bf16" or "fp16". The activations are the largest
+    amount forward held at any point of the step; the tests check training_memory
+    against real steps.
     """
     device = pick_device(device)
-    return _step_memory(model, example_input, optimizer, resolve_amp(amp, device), device)
-
-
-def _step_memory(model: nn.Module, example_input: torch.Tensor, optimizer: str | Callable, low: torch.dtype | None,
-                 device: torch.device) -> StepMemory:
-    """``step_memory`` with the device and the autocast dtype already resolved."""
+    low = amp_dtype(device, amp) if amp else None
     report = training_memory(model, example_input, optimizer, amp=low or False, device=device)
     on_device = [snapshot.get(report.device, {}) for _, snapshot in report.timeline]
     return StepMemory(
-        mode=f"AMP {amp_name(low)}" if low else "fp32",
+        mode=f"AMP {DTYPE_NAMES[low]}" if low else "fp32",
         parameters=report.param_count,
         param_bytes=report.param_bytes,
         grad_bytes=report.grad_bytes,
@@ -72,28 +82,28 @@ def _step_memory(model: nn.Module, example_input: torch.Tensor, optimizer: str |
 
 @dataclass
 class PrecisionRun:
-    mode: str
-    step_seconds: float
-    speedup: float
+    mode: str = column("mode")
+    step_seconds: float = column("step time", format_seconds)
+    speedup: float = column("speed-up", ".2f")
     memory: StepMemory
+    # the memory's figures, copied out so that the table's columns are fields
+    weights: int = column("weights", format_bytes, init=False)
+    gradients: int = column("gradients", format_bytes, init=False)
+    optimizer_state: int = column("optimizer state", format_bytes, init=False)
+    activations: int = column("activations", format_bytes, init=False)
+    peak: int = column("peak", format_bytes, init=False)
+    bytes_per_parameter: float = column("bytes / parameter", ".1f", init=False)
+
+    def __post_init__(self):
+        m = self.memory
+        self.weights, self.gradients, self.optimizer_state = m.param_bytes, m.grad_bytes, m.optimizer_bytes
+        self.activations, self.peak, self.bytes_per_parameter = m.activation_bytes, m.peak_bytes, m.bytes_per_parameter
 
 
 class AmpComparison(Report):
     """fp32 against AMP on one model: step time, and memory by category."""
 
     title = "fp32 vs automatic mixed precision: one training step"
-    columns = (
-        Column("mode", "mode"),
-        Column("step_seconds", "step time", format_seconds),
-        Column("speedup", "speed-up", ".2f"),
-        Column("memory", "weights", lambda m: format_bytes(m.param_bytes)),
-        Column("memory", "gradients", lambda m: format_bytes(m.grad_bytes)),
-        Column("memory", "optimizer state", lambda m: format_bytes(m.optimizer_bytes)),
-        Column("memory", "activations", lambda m: format_bytes(m.activation_bytes)),
-        Column("memory", "peak", lambda m: format_bytes(m.peak_bytes)),
-        Column("memory", "bytes / parameter", lambda m: f"{m.bytes_per_parameter:.1f}"),
-    )
-
     def __init__(self, rows, notice: str | None):
         fp32, amp = rows
         notes = [f"activations: {amp.memory.activation_bytes / fp32.memory.activation_bytes:.2f}x of fp32; "
@@ -123,16 +133,14 @@ def amp_comparison(
     """Time a training step and measure its memory in fp32 and under autocast (bf16 on a CPU, fp16 on a GPU by default)."""
     device = pick_device(device)
     notice = gpu_notice("tensor-core mixed precision", device)
-    low = resolve_amp(True if amp is None else amp, device)
-    if low is None:
-        raise ValueError("amp_comparison compares fp32 with AMP: pass amp=None (the device's default), 'fp16' or 'bf16', not False")
+    low = amp_dtype(device, amp)
     rows = []
     for dtype in (None, low):
         net = copy.deepcopy(model).to(device)
         opt = make_optimizer(optimizer, list(net.parameters()), foreach=None)
         scaler = torch.amp.GradScaler(device.type) if dtype == torch.float16 else None
         x = example_input.to(device)
-        seconds = timeit(training_step, net, opt, x, amp_dtype=dtype, scaler=scaler, device=device, min_run_time=min_run_time).median
-        memory = _step_memory(model, example_input, optimizer, dtype, device)
+        seconds = timeit(_train_step, net, opt, x, dtype, scaler, device=device, min_run_time=min_run_time).median
+        memory = step_memory(model, example_input, optimizer, DTYPE_NAMES[dtype] if dtype else None, device)
         rows.append(PrecisionRun(memory.mode, seconds, rows[0].step_seconds / seconds if rows else 1.0, memory))
     return AmpComparison(rows, notice)

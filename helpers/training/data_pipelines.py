@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, Sampler, TensorDataset
 
 from helpers.core import plots
 from helpers.core.device import pick_device, synchronize
-from helpers.core.report import Column, Report, format_bytes, format_seconds
+from helpers.core.report import Report, column, format_bytes, format_seconds
 from helpers.core.timing import timeit
 from helpers.training.sequences import PAD, SequenceData, pad_to
 
@@ -46,31 +46,22 @@ def synthetic_images(n: int, size: int = 256, seed: int = 0) -> np.ndarray:
 class StorageFormat:
     """How one way of storing a data set reads back: ``read_seconds`` to get the bytes, ``decode_seconds`` to get pixels."""
 
-    format: str
-    files: int
-    disk_bytes: int
-    read_seconds: float
-    decode_seconds: float
+    format: str = column("stored as")
+    files: int = column("files")
+    disk_bytes: int = column("on disk", format_bytes)
+    read_seconds: float = column("read", format_seconds)
+    decode_seconds: float = column("decode", format_seconds)
+    total_seconds: float = column("total", format_seconds, init=False)
+    images_per_second: float | None = column("images/s", ",.0f", default=None)  # set by StorageFormats, which knows the count
 
-    @property
-    def total_seconds(self) -> float:
-        return self.read_seconds + self.decode_seconds
+    def __post_init__(self):
+        self.total_seconds = self.read_seconds + self.decode_seconds
 
 
 class StorageFormats(Report):
     """One epoch over the same images stored four ways: reading the bytes, then decoding them."""
 
     title = "Reading one epoch of images: storage format and decoding"
-    columns = (
-        Column("format", "stored as"),
-        Column("files", "files"),
-        Column("disk_bytes", "on disk", format_bytes),
-        Column("read_seconds", "read", format_seconds),
-        Column("decode_seconds", "decode", format_seconds),
-        Column("total_seconds", "total", format_seconds),
-        Column("images_per_second", "images/s", ",.0f"),
-    )
-
     def __init__(self, rows, images: int, directory: Path):
         for row in rows:
             row.images_per_second = images / row.total_seconds
@@ -80,9 +71,6 @@ class StorageFormats(Report):
                  f"fastest: {fastest.format}"]
         super().__init__(rows, notes)
         self.images, self.directory = images, directory
-
-    def by_format(self, prefix: str) -> StorageFormat:
-        return next(r for r in self.rows if r.format.startswith(prefix))
 
     def plot(self, ax=None):
         names = [r.format for r in self.rows]
@@ -228,35 +216,24 @@ class SequenceClassifier(nn.Module):
 
 @dataclass
 class PaddingRun:
-    strategy: str
-    batches: int
-    tokens: int
-    padding_share: float
-    epoch_seconds: float
-    speedup: float = 1.0
+    strategy: str = column("strategy")
+    batches: int = column("batches")
+    tokens: int = column("positions computed", ",d")
+    padding_share: float = column("padding", ".1%")
+    epoch_seconds: float = column("epoch time", format_seconds)
+    speedup: float = column("speed-up", ".2f", default=1.0)
 
 
 class PaddingStrategies(Report):
     """One training epoch of a small sequence model under three padding strategies."""
 
     title = "Padding: whole data set vs per batch vs length buckets"
-    columns = (
-        Column("strategy", "strategy"),
-        Column("batches", "batches"),
-        Column("tokens", "positions computed", ",d"),
-        Column("padding_share", "padding", ".1%"),
-        Column("epoch_seconds", "epoch time", format_seconds),
-        Column("speedup", "speed-up", ".2f"),
-    )
 
     def __init__(self, rows, real_tokens: int, notes: Sequence[str] = ()):
         for row in rows:
             row.speedup = rows[0].epoch_seconds / row.epoch_seconds
         super().__init__(rows, [f"{real_tokens:,} real tokens per epoch", *notes])
         self.real_tokens = real_tokens
-
-    def by_strategy(self, prefix: str) -> PaddingRun:
-        return next(r for r in self.rows if r.strategy.startswith(prefix))
 
     def plot(self, ax=None):
         names = [f"{r.strategy}\n({r.padding_share:.0%} padding)" for r in self.rows]

@@ -14,7 +14,7 @@ from torch.profiler import profile
 
 from helpers.core import plots
 from helpers.core.device import gpu_notice, is_gpu, pick_device, synchronize
-from helpers.core.report import Column, Report, format_seconds
+from helpers.core.report import Report, column, format_seconds
 from helpers.core.timing import timeit
 from helpers.training.profiling import profiler_activities  # importing helpers.training.profiling also quietens Kineto's banners
 from helpers.training.workloads import Program, make_compute_bound, make_launch_bound, make_sync_bound
@@ -137,14 +137,14 @@ def diagnose(m: ProfileMetrics) -> tuple[str, str]:
 
 @dataclass
 class PatternDiagnosis:
-    program: str
+    program: str = column("program")
     expected: str
-    verdict: str
-    evidence: str
-    step_seconds: float
-    fix: str
-    fixed_seconds: float
-    speedup: float
+    verdict: str = column("diagnosis")
+    evidence: str = column("evidence from the profile")
+    fix: str = column("fix")
+    step_seconds: float = column("step", format_seconds)
+    fixed_seconds: float = column("fixed", format_seconds)
+    speedup: float = column("speed-up", ".2f")
     metrics: ProfileMetrics
 
 
@@ -152,22 +152,10 @@ class ProfilePatterns(Report):
     """Three small programs, each diagnosed from its own profile, then fixed and timed again."""
 
     title = "Profile patterns: diagnosis from the profile, and the fix measured"
-    columns = (
-        Column("program", "program"),
-        Column("verdict", "diagnosis"),
-        Column("evidence", "evidence from the profile"),
-        Column("fix", "fix"),
-        Column("step_seconds", "step", format_seconds),
-        Column("fixed_seconds", "fixed", format_seconds),
-        Column("speedup", "speed-up", ".2f"),
-    )
 
     def __init__(self, rows, notice: str | None):
         super().__init__(rows)
         self.notice = notice
-
-    def by_pattern(self, expected: str) -> PatternDiagnosis:
-        return next(r for r in self.rows if r.expected == expected)
 
     def plot(self, ax=None):
         """Each program on the map a diagnosis reads: ops per step against the median op's duration."""
@@ -190,7 +178,7 @@ def diagnose_program(program: Program, device: torch.device, steps: int = 5, min
     verdict, evidence = diagnose(metrics)
     slow = timeit(program.step, device=device, min_run_time=min_run_time).median
     fast = timeit(program.fixed, device=device, min_run_time=min_run_time).median
-    return PatternDiagnosis(program.name, program.expected, verdict, evidence, slow, program.fix, fast, slow / fast, metrics)
+    return PatternDiagnosis(program.name, program.expected, verdict, evidence, program.fix, slow, fast, slow / fast, metrics)
 
 
 def profile_patterns(

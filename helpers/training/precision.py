@@ -9,12 +9,11 @@ from typing import Callable, Sequence
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from helpers.core import plots
 from helpers.core.device import is_gpu, pick_device
-from helpers.core.report import Column, Report
-from helpers.core.step import resolve_amp
-from helpers.core.torch_adapters.dispatch import TorchDispatchMode
+from helpers.core.report import Report, column
 
 DTYPE_NAMES = {torch.float64: "fp64", torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 
@@ -23,15 +22,15 @@ DTYPE_NAMES = {torch.float64: "fp64", torch.float32: "fp32", torch.float16: "fp1
 
 @dataclass
 class NumberFormat:
-    name: str
-    bits: int
-    exponent_bits: int
-    mantissa_bits: int
-    epsilon: float
-    smallest_subnormal: float
-    smallest_normal: float
-    largest: float
-    kind: str  # "storage" (a tensor dtype) or "matmul mode" (TF32: only inside tensor-core matmuls)
+    name: str = column("format")
+    bits: int = column("bits")
+    exponent_bits: int = column("exponent")
+    mantissa_bits: int = column("mantissa")
+    epsilon: float = column("epsilon", ".3g")
+    smallest_subnormal: float = column("smallest subnormal", ".3g")
+    smallest_normal: float = column("smallest normal", ".3g")
+    largest: float = column("largest", ".3g")
+    kind: str = column("kind")  # "storage" (a tensor dtype) or "matmul mode" (TF32: only inside tensor-core matmuls)
 
 
 def describe_format(name: str, range_of: torch.dtype, precision_of: torch.dtype | None = None) -> NumberFormat:
@@ -64,20 +63,6 @@ class NumberFormats(Report):
     """Floating-point formats side by side: bits, range and precision, all from torch.finfo."""
 
     title = "Floating-point formats (from torch.finfo)"
-    columns = (
-        Column("name", "format"),
-        Column("bits", "bits"),
-        Column("exponent_bits", "exponent"),
-        Column("mantissa_bits", "mantissa"),
-        Column("epsilon", "epsilon", ".3g"),
-        Column("smallest_subnormal", "smallest subnormal", ".3g"),
-        Column("smallest_normal", "smallest normal", ".3g"),
-        Column("largest", "largest", ".3g"),
-        Column("kind", "kind"),
-    )
-
-    def __getitem__(self, name: str) -> NumberFormat:
-        return next(r for r in self.rows if r.name == name)
 
     def plot(self, ax=None):
         """Each format's range on a log2 axis: subnormals thin, normal numbers thick."""
@@ -94,7 +79,6 @@ def number_formats() -> NumberFormats:
 
 # NVIDIA's "Matrix Multiplication Background" guide (cuBLAS >= 11, cuDNN >= 7.6.3): tensor cores are used for any
 # M, N, K but are most efficient when each is a multiple of the first number; on A100 and later, of the second.
-CONVOLUTIONS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
 TENSOR_CORE_MULTIPLES = {"fp16": (8, 64), "bf16": (8, 64), "tf32": (4, 32), "int8": (16, 128), "fp64": (2, 16)}
 
 
@@ -105,26 +89,18 @@ def pad_to_multiple(n: int, multiple: int) -> int:
 
 @dataclass
 class LayerDimension:
-    layer: str
-    dimension: str
-    size: int
-    multiple: int
-    aligned: bool
-    padded: int
+    layer: str = column("layer")
+    dimension: str = column("dimension")
+    size: int = column("size")
+    multiple: int = column("multiple of")
+    aligned: bool = column("aligned", lambda ok: "yes" if ok else "NO")
+    padded: int = column("pad to")
 
 
 class Alignment(Report):
     """Which matmul dimensions of a model are multiples of the tensor-core tile, and what to pad them to."""
 
     title = "Tensor-core alignment of the model's matmul dimensions"
-    columns = (
-        Column("layer", "layer"),
-        Column("dimension", "dimension"),
-        Column("size", "size"),
-        Column("multiple", "multiple of"),
-        Column("aligned", "aligned", lambda ok: "yes" if ok else "NO"),
-        Column("padded", "pad to"),
-    )
 
     @property
     def misaligned(self) -> list[LayerDimension]:
@@ -144,7 +120,7 @@ def tensor_core_alignment(model: nn.Module, dtype: str = "fp16", recent_gpu: boo
     for name, module in model.named_modules():
         if isinstance(module, nn.Linear):
             dims = {"in_features (K)": module.in_features, "out_features (N)": module.out_features}
-        elif isinstance(module, CONVOLUTIONS):
+        elif isinstance(module, nn.modules.conv._ConvNd):
             dims = {"in_channels": module.in_channels // module.groups, "out_channels": module.out_channels // module.groups}
         elif isinstance(module, nn.Embedding):
             dims = {"num_embeddings (vocab)": module.num_embeddings, "embedding_dim": module.embedding_dim}
@@ -162,10 +138,10 @@ _SHAPE_OPS = {"t", "view", "_unsafe_view", "detach", "transpose", "expand", "res
 
 @dataclass
 class OpPrecision:
-    op: str
-    inputs: str
-    output: str
-    runs_in: str
+    op: str = column("aten op")
+    inputs: str = column("reads")
+    output: str = column("writes")
+    runs_in: str = column("runs in")
 
 
 class _DtypeLog(TorchDispatchMode):
@@ -189,10 +165,7 @@ class AutocastOps(Report):
     """Op by op, the formats autocast chose: which ops run in low precision and which stay in fp32."""
 
     title = "What autocast runs in which format"
-    columns = (Column("op", "aten op"), Column("inputs", "reads"), Column("output", "writes"), Column("runs_in", "runs in"))
 
-    def ran_in(self, op: str) -> str:
-        return next(r.runs_in for r in self.rows if r.op == op)
 
 
 def autocast_ops(fn: Callable, *args, device: str | torch.device | None = None, dtype: str | None = None) -> AutocastOps:
@@ -202,7 +175,7 @@ def autocast_ops(fn: Callable, *args, device: str | torch.device | None = None, 
     autocast lowers differ between devices: the table shows this device's.
     """
     device = pick_device(device)
-    low = resolve_amp(True if dtype is None else dtype, device)
+    low = amp_dtype(device, dtype)
     with torch.autocast(device.type, dtype=low), _DtypeLog() as log:
         fn(*args)
     rows = []
@@ -216,6 +189,16 @@ def autocast_ops(fn: Callable, *args, device: str | torch.device | None = None, 
         shown = ", ".join(sorted({DTYPE_NAMES.get(d, str(d)) for d in inputs})) or "-"
         rows.append(OpPrecision(name, shown, DTYPE_NAMES.get(output, str(output)), runs_in))
     return AutocastOps(rows, [f"autocast on {device.type} with dtype {DTYPE_NAMES[low]}"])
+
+
+def amp_dtype(device: torch.device, dtype: str | None) -> torch.dtype:
+    """The 16-bit dtype autocast should use: ``dtype`` ('fp16' or 'bf16'), by default bf16 on a CPU and fp16 on a GPU."""
+    if dtype is None:
+        return torch.float16 if is_gpu(device) else torch.bfloat16
+    names = {v: k for k, v in DTYPE_NAMES.items()}
+    if dtype not in names or dtype in ("fp32", "fp64"):
+        raise ValueError(f"autocast needs a 16-bit dtype, 'fp16' or 'bf16'; got {dtype!r}")
+    return names[dtype]
 
 
 # ---------------------------------------------------------------- fp16 underflow and loss scaling
@@ -244,25 +227,18 @@ def _scaled_gradients(model: nn.Module, x: torch.Tensor, y: torch.Tensor, scale:
 
 @dataclass
 class ScalingOutcome:
-    strategy: str
+    strategy: str = column("loss scale")
     scale: float
-    underflow_share: float
-    nonfinite_share: float
-    relative_error: float | None
-    verdict: str
+    underflow_share: float = column("flushed to zero", ".2%")
+    nonfinite_share: float = column("inf / nan", ".2%")
+    relative_error: float | None = column("relative error", ".3g")
+    verdict: str = column("verdict")
 
 
 class LossScaling(Report):
     """Gradients of one backward pass in fp16 at several loss scales, against an fp32 reference."""
 
     title = "Loss scaling: fp16 gradients against the fp32 reference"
-    columns = (
-        Column("strategy", "loss scale"),
-        Column("underflow_share", "flushed to zero", ".2%"),
-        Column("nonfinite_share", "inf / nan", ".2%"),
-        Column("relative_error", "relative error", ".3g"),
-        Column("verdict", "verdict"),
-    )
 
     def __init__(self, rows, reference: torch.Tensor, fmt: NumberFormat, notice: str | None):
         self.reference = reference
@@ -330,22 +306,16 @@ def loss_scaling(
 
 @dataclass
 class ScalePhase:
-    first_step: int
-    last_step: int
-    scale: float
-    skipped_steps: int
+    first_step: int = column("from step")
+    last_step: int = column("to step")
+    scale: float = column("scale", _power_of_two)
+    skipped_steps: int = column("skipped steps")
 
 
 class DynamicScaling(Report):
     """GradScaler's loss scale over a short training run: halved on overflow, doubled after a run of clean steps."""
 
     title = "Dynamic loss scaling (torch.amp.GradScaler)"
-    columns = (
-        Column("first_step", "from step"),
-        Column("last_step", "to step"),
-        Column("scale", "scale", _power_of_two),
-        Column("skipped_steps", "skipped steps"),
-    )
 
     def __init__(self, rows, scales: list[float], skipped: list[bool], losses: list[float], growth_interval: int):
         super().__init__(rows, [f"{sum(skipped)} of {len(skipped)} steps skipped for overflow; growth interval {growth_interval} steps"])

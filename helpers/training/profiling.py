@@ -28,31 +28,24 @@ from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trac
 
 from helpers.core.device import is_gpu, pick_device, synchronize  # noqa: E402
 from helpers.core.paths import build_dir, kit_root  # noqa: E402
-from helpers.core.report import Column, Report, format_seconds  # noqa: E402
+from helpers.core.report import Report, column, format_seconds  # noqa: E402
 
 # ---------------------------------------------------------------- cProfile
 
 
 @dataclass
 class FunctionCost:
-    function: str
-    calls: int
-    own_seconds: float
-    total_seconds: float
-    own_share: float
+    function: str = column("function")
+    calls: int = column("calls", ",d")
+    own_seconds: float = column("own time", format_seconds)
+    total_seconds: float = column("total time (with callees)", format_seconds)
+    own_share: float = column("share", ".1%")
 
 
 class PythonProfile(Report):
     """cProfile's view: the functions with the most time of their own, and the time under each."""
 
     title = "cProfile: functions by own time"
-    columns = (
-        Column("function", "function"),
-        Column("calls", "calls", ",d"),
-        Column("own_seconds", "own time", format_seconds),
-        Column("total_seconds", "total time (with callees)", format_seconds),
-        Column("own_share", "share", ".1%"),
-    )
 
     def __init__(self, rows, profiled_seconds: float, plain_seconds: float):
         self.profiled_seconds, self.plain_seconds = profiled_seconds, plain_seconds
@@ -99,16 +92,15 @@ def cprofile(fn: Callable, *args, repeat: int = 3, top: int = 12) -> PythonProfi
 
 @dataclass
 class SampledFunction:
-    function: str
-    own_share: float
-    total_share: float
+    function: str = column("function")
+    own_share: float = column("own", ".1%")
+    total_share: float = column("on the stack", ".1%")
 
 
 class SampledProfile(Report):
     """py-spy's view of a running process: the share of samples in which each function was running (own) or on the stack."""
 
     title = "py-spy: sampled functions"
-    columns = (Column("function", "function"), Column("own_share", "own", ".1%"), Column("total_share", "on the stack", ".1%"))
 
     def __init__(self, rows, status: str, samples: int = 0, output: Path | None = None, notes: Sequence[str] = (), top: int = 10):
         super().__init__(rows[:top], notes)
@@ -216,24 +208,17 @@ def profiler_activities(device: torch.device) -> list[ProfilerActivity]:
 
 @dataclass
 class OpCost:
-    op: str
-    calls: int
-    self_seconds: float
-    total_seconds: float
-    self_share: float
+    op: str = column("op")
+    calls: int = column("calls", ",d")
+    self_seconds: float = column("self time", format_seconds)
+    total_seconds: float = column("total time", format_seconds)
+    self_share: float = column("share", ".1%")
 
 
 class OpProfile(Report):
     """torch.profiler's op table (self time: the op's own work, without the ops it calls) and where its trace is."""
 
     title = "torch.profiler: ops by self time"
-    columns = (
-        Column("op", "op"),
-        Column("calls", "calls", ",d"),
-        Column("self_seconds", "self time", format_seconds),
-        Column("total_seconds", "total time", format_seconds),
-        Column("self_share", "share", ".1%"),
-    )
 
     def __init__(self, rows, trace: Path | None, device: torch.device, steps: int):
         notes = [f"{steps} profiled steps on {device}; times are "
@@ -284,17 +269,16 @@ class RowNormalize(nn.Module):
 
 @dataclass
 class AnomalyRun:
-    mode: str
-    loss: float
-    nan_gradients: str
-    outcome: str
+    mode: str = column("mode")
+    loss: float = column("loss", ".4g")
+    nan_gradients: str = column("parameters with NaN gradients")
+    outcome: str = column("outcome")
 
 
 class AnomalyReport(Report):
     """A NaN born in backward: silent without anomaly mode, caught with its forward trace with it."""
 
     title = "A NaN gradient, without and with torch.autograd.detect_anomaly()"
-    columns = (Column("mode", "mode"), Column("loss", "loss", ".4g"), Column("nan_gradients", "parameters with NaN gradients"), Column("outcome", "outcome"))
 
     def __init__(self, rows, error: str, forward_trace: list[str]):
         super().__init__(rows)

@@ -7,17 +7,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from helpers.core.report import Report
+from helpers.core.report import Report, column
 
 
 @dataclass
 class Target:
     """One checked figure: what it is, what was measured, what is required, and the verdict."""
 
-    what: str
-    measured: float | None
-    required: str
-    status: str  # "pass", "fail", or "n/a" (cannot be measured on this machine)
+    what: str = column("target")
+    measured: float | None = column("measured", ".4g")
+    required: str = column("required")
+    status: str = column("status")  # "pass", "fail", or "n/a" (cannot be measured on this machine)
 
     @classmethod
     def at_least(cls, what: str, measured: float | None, minimum: float, unit: str = "") -> "Target":
@@ -34,6 +34,14 @@ class Target:
     @classmethod
     def not_here(cls, what: str, required: str, why: str) -> "Target":
         return cls(f"{what} ({why})", None, required, "n/a")
+
+
+class TargetTable(Report):
+    """A benchmark's targets as a table."""
+
+    def __init__(self, targets: list[Target], name: str):
+        self.title = f"{name}: targets"
+        super().__init__(targets)
 
 
 @dataclass

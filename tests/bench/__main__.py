@@ -17,16 +17,8 @@ from pathlib import Path
 
 import helpers  # noqa: F401  (quietens torch's import-time warnings)
 from helpers.core.device import describe
-from helpers.core.report import Column, format_table
 
-from . import BenchResult
-
-TARGET_COLUMNS = (
-    Column("what", "target"),
-    Column("measured", "measured", ".4g"),
-    Column("required", "required"),
-    Column("status", "status"),
-)
+from . import BenchResult, TargetTable
 
 
 def discover() -> list[str]:
@@ -57,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         for report in result.reports:
             print(report, end="\n\n")
         if result.targets:
-            print(format_table(TARGET_COLUMNS, result.targets, f"{name}: targets"), end="\n\n")
+            print(TargetTable(result.targets, name), end="\n\n")
         missed += [f"{name}: {t.what}" for t in result.targets if t.status == "fail"]
         payload = {
             "name": name,

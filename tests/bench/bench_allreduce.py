@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from helpers.core.report import Column, Report, format_bytes, format_seconds
+from helpers.core.report import Report, column, format_bytes, format_seconds
 from helpers.distributed.experiments import KIB, MIB, all_reduce_sweep, calibrate_link, traffic_check
 
 from . import BenchResult, Target
@@ -13,22 +13,15 @@ RING, TORCH = "ring (send/recv)", "dist.all_reduce"
 
 @dataclass
 class RatioRow:
-    world_size: int
-    message_bytes: int
-    ring_seconds: float
-    torch_seconds: float
-    ratio: float
+    world_size: int = column("N")
+    message_bytes: int = column("message", format_bytes)
+    ring_seconds: float = column("ring", format_seconds)
+    torch_seconds: float = column("dist.all_reduce", format_seconds)
+    ratio: float = column("ring / all_reduce", ".2f")
 
 
 class RingVsTorch(Report):
     title = "Ring all-reduce (send/recv) vs dist.all_reduce"
-    columns = (
-        Column("world_size", "N"),
-        Column("message_bytes", "message", format_bytes),
-        Column("ring_seconds", "ring", format_seconds),
-        Column("torch_seconds", "dist.all_reduce", format_seconds),
-        Column("ratio", "ring / all_reduce", ".2f"),
-    )
 
 
 def run(quick: bool) -> BenchResult:

@@ -33,7 +33,7 @@ def run(quick: bool) -> BenchResult:
         storage = storage_formats(synthetic_images(16 if quick else 256, 64 if quick else 256), folder, min_run_time=0.02 if quick else 0.3)
     compiled = None if quick else eager_vs_compiled(tiny_mlp(), torch.randn(32, 32), program="narrow MLP (launch bound)", threads=1)
 
-    whole, bucketed = padding.by_strategy("pad the whole"), padding.by_strategy("bucket")
+    whole, bucketed = padding.find(strategy="pad the whole data set"), padding.find(strategy="bucket by length, pad each batch")
     targets = [
         Target.at_least("bytes per parameter, fp32 + Adam", amp.fp32.memory.bytes_per_parameter, 15.9),
         Target.at_most("bytes per parameter, fp32 + Adam", amp.fp32.memory.bytes_per_parameter, 16.1),
@@ -42,7 +42,7 @@ def run(quick: bool) -> BenchResult:
         Target.at_most("AMP activations / fp32 activations", amp.amp.memory.activation_bytes / amp.fp32.memory.activation_bytes, 0.8),
         Target.at_most("padding share with length bucketing", bucketed.padding_share, 0.25),
         _timing_target("epoch speed-up, bucketing vs whole-data-set padding", bucketed.epoch_seconds and whole.epoch_seconds / bucketed.epoch_seconds, 2.0, quick),
-        _timing_target("images/s, packed array vs PNG files", storage.by_format("packed").images_per_second / storage.by_format("PNG").images_per_second, 3.0, quick),
+        _timing_target("images/s, packed array vs PNG files", storage.find(format="packed array (mmap)").images_per_second / storage.find(format="PNG files").images_per_second, 3.0, quick),
     ]
     if compiled is None or compiled.fallback_reason:
         why = "quick run: no compilation" if compiled is None else "torch.compile could not run"

@@ -2,26 +2,29 @@
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 
 import torch
 from torch.utils import benchmark as torch_benchmark
 
 from helpers.core.device import gpu_available, peak_flops
-from helpers.core.report import Column, Report, format_seconds
+from helpers.core.report import Report, column, format_seconds
 from helpers.core.timing import timeit
-from helpers.hardware.bench import matmul_sweep, tensor_core_shapes
+from helpers.hardware import matmul_sweep, tensor_core_shapes
 
 from . import BenchResult, Target
 
 
+@dataclass
+class TimerRound:
+    round: int = column("round")
+    kit: float = column("helpers timeit", format_seconds)
+    torch: float = column("torch Timer", format_seconds)
+    difference_pct: float = column("difference %", ".2f")
+
+
 class TimerAgreement(Report):
-    title = "helpers.hardware.bench.timeit vs torch.utils.benchmark (same threads, blocked_autorange)"
-    columns = (
-        Column("round", "round"),
-        Column("kit", "helpers timeit", format_seconds),
-        Column("torch", "torch Timer", format_seconds),
-        Column("difference_pct", "difference %", ".2f"),
-    )
+    title = "helpers.core.timing.timeit vs torch.utils.benchmark (same threads, blocked_autorange)"
 
 
 def timer_agreement(n: int = 1024, rounds: int = 5, min_run_time: float = 0.5) -> TimerAgreement:
@@ -37,9 +40,9 @@ def timer_agreement(n: int = 1024, rounds: int = 5, min_run_time: float = 0.5) -
     for i in range(rounds):
         kit = timeit(torch.matmul, a, b, device="cpu", min_run_time=min_run_time).median
         reference = torch_benchmark.Timer("a @ b", globals={"a": a, "b": b}, num_threads=threads).blocked_autorange(min_run_time=min_run_time).median
-        rows.append({"round": i + 1, "kit": kit, "torch": reference, "difference_pct": 100 * abs(kit - reference) / reference})
+        rows.append(TimerRound(i + 1, kit, reference, 100 * abs(kit - reference) / reference))
     report = TimerAgreement(rows)
-    report.difference_pct = statistics.median(r["difference_pct"] for r in rows)
+    report.difference_pct = statistics.median(r.difference_pct for r in rows)
     report.threads = threads
     return report
 

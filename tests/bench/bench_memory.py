@@ -9,9 +9,10 @@ import json
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from helpers.core.report import Column, Report, format_bytes, format_seconds
+from helpers.core.report import Report, column, format_bytes, format_seconds
 
 from . import BenchResult, Target
 
@@ -33,21 +34,23 @@ print(json.dumps({"parameters": count_parameters(model), "peak_bytes": report.pe
 """
 
 
+@dataclass
+class EstimateRun:
+    model: str = column("model")
+    parameters: int = column("parameters", ",")
+    setting: str = column("batch x sequence, optimizer")
+    peak_bytes: int = column("estimated peak", format_bytes)
+    phase: str = column("peak in")
+    estimate_s: float = column("estimate", format_seconds)
+    process_s: float = column("whole process", format_seconds)
+    max_rss_bytes: int = column("peak RSS", format_bytes)
+
+
 class BigEstimate(Report):
     title = "training_memory of a meta-device transformer, each in a fresh process"
-    columns = (
-        Column("model", "model"),
-        Column("parameters", "parameters", ","),
-        Column("setting", "batch x sequence, optimizer"),
-        Column("peak_bytes", "estimated peak", format_bytes),
-        Column("phase", "peak in"),
-        Column("estimate_s", "estimate", format_seconds),
-        Column("process_s", "whole process", format_seconds),
-        Column("max_rss_bytes", "peak RSS", format_bytes),
-    )
 
 
-def estimate_in_fresh_process(size: str, batch: int, seq: int, optimizer: str, amp: bool) -> dict:
+def estimate_in_fresh_process(size: str, batch: int, seq: int, optimizer: str, amp: bool) -> EstimateRun:
     """Run one estimate in a new interpreter and return what it reports about itself."""
     started = time.perf_counter()
     args = [sys.executable, "-c", CHILD, size, str(batch), str(seq), optimizer, "amp" if amp else "fp32"]
@@ -56,7 +59,7 @@ def estimate_in_fresh_process(size: str, batch: int, seq: int, optimizer: str, a
         raise RuntimeError(f"the estimate for transformer {size!r} failed:\n{done.stderr[-2000:]}")
     result = json.loads(done.stdout.strip().splitlines()[-1])
     result["process_s"] = time.perf_counter() - started  # wall time seen from outside: start-up and import included
-    return {"model": f"TransformerLM {size}", "setting": f"{batch} x {seq}, {optimizer}{' + AMP' if amp else ''}", **result}
+    return EstimateRun(model=f"TransformerLM {size}", setting=f"{batch} x {seq}, {optimizer}{' + AMP' if amp else ''}", **result)
 
 
 def run(quick: bool) -> BenchResult:
@@ -66,8 +69,8 @@ def run(quick: bool) -> BenchResult:
     targets = []
     for row in rows:
         targets += [
-            Target.at_least(f"{row['setting']}: parameters (billions)", row["parameters"] / 1e9, 1.0),
-            Target.at_most(f"{row['setting']}: whole process, seconds", row["process_s"], 60, " s"),
-            Target.at_most(f"{row['setting']}: peak RSS, GiB", row["max_rss_bytes"] / 2**30, 2, " GiB"),
+            Target.at_least(f"{row.setting}: parameters (billions)", row.parameters / 1e9, 1.0),
+            Target.at_most(f"{row.setting}: whole process, seconds", row.process_s, 60, " s"),
+            Target.at_most(f"{row.setting}: peak RSS, GiB", row.max_rss_bytes / 2**30, 2, " GiB"),
         ]
     return BenchResult("memory", [report], targets)

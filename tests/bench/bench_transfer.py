@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from helpers.core.device import gpu_available
-from helpers.hardware.bench import copy_compute_overlap, transfer_sweep
+from helpers.hardware import copy_compute_overlap, transfer_sweep
 
 from . import BenchResult, Target
 

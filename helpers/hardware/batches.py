@@ -1,0 +1,66 @@
+"""Throughput against batch size: the parallelism a batch gives the device (Lecture 1)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from helpers.core import plots
+from helpers.core.device import pick_device
+from helpers.core.report import Report, column, format_seconds
+from helpers.core.timing import timeit
+
+
+@dataclass
+class BatchPoint:
+    batch: int = column("batch")
+    step_seconds: float = column("time per step", format_seconds)
+    samples_per_second: float = column("samples/s", ",.0f")
+    speedup_per_sample: float = column("per-sample speed-up vs batch 1", ".1f")
+
+
+class BatchThroughput(Report):
+    """Training-step time and throughput against batch size: how much parallelism a batch exposes."""
+
+    title = "Training throughput against batch size"
+
+    def __init__(self, rows, device: torch.device, model_name: str):
+        super().__init__(rows, [f"{model_name} on {device}: forward, backward and an SGD step per timed call (helpers.timeit)."])
+        self.device = device
+
+    def plot(self, ax=None):
+        series = {str(self.device): ([r.batch for r in self.rows], [r.samples_per_second for r in self.rows])}
+        return plots.line_chart(series, ax, title=self.title, xlabel="batch size (log scale)", ylabel="samples/s (log scale)", logx=True, logy=True)
+
+
+def batch_throughput(
+    model: torch.nn.Module,
+    input_shape: Sequence[int],
+    batch_sizes: Sequence[int] = (1, 4, 16, 64, 256),
+    device: str | torch.device | None = None,
+    min_run_time: float = 0.1,
+    num_threads: int | None = None,
+) -> BatchThroughput:
+    """Time one SGD training step of ``model`` at each batch size (inputs of ``input_shape`` per sample).
+
+    A batch's samples are independent until their gradients are summed, so a larger
+    batch hands the hardware more parallel work per step: samples/s rises until the
+    device is full, then flattens. ``num_threads``: CPU threads (default: all torch has).
+    """
+    device = pick_device(device)
+    model = model.to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    rows = []
+    for batch in batch_sizes:
+        x = torch.randn(batch, *input_shape, device=device)
+
+        def step():
+            optimizer.zero_grad()
+            model(x).float().sum().backward()
+            optimizer.step()
+
+        seconds = timeit(step, device=device, min_run_time=min_run_time, num_threads=num_threads).median
+        per_sample = seconds / batch
+        rows.append(BatchPoint(batch, seconds, batch / seconds, (rows[0].step_seconds / rows[0].batch) / per_sample if rows else 1.0))
+    return BatchThroughput(rows, device, type(model).__name__)
