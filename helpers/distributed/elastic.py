@@ -167,6 +167,8 @@ def run_elastic(name: str, run_dir: str | Path, digits: Digits, *, steps: int = 
     finally:
         stop_tree(process.pid, grace=2.0)  # also on Ctrl-C: torchrun and the workers it still has
         stop_leftovers(run_dir)  # workers torchrun lost track of, whoever their parent is now
+        time.sleep(0.3)
+        stop_leftovers(run_dir)  # and one torchrun was starting as it was stopped
         process.poll()
     return ElasticRun(name, run_dir, returncode, time.perf_counter() - start, _read_events(run_dir),
                       log_path.read_text(errors="replace"), command)

@@ -24,6 +24,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+import psutil
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -56,6 +57,15 @@ def batch_indices(step: int, batch_size: int, world_size: int, rank: int, sample
     order = torch.randperm(samples, generator=torch.Generator().manual_seed(seed + epoch))
     start = within * global_batch + rank * batch_size
     return order[start:start + batch_size]
+
+
+def agent_alive() -> bool:
+    """True while this worker's parent is a torchrun agent (a worker whose agent died has been handed to another parent)."""
+    try:
+        command = " ".join(psutil.Process(os.getppid()).cmdline())
+    except psutil.Error:
+        return False
+    return "torch.distributed.run" in command or "torchrun" in command
 
 
 def join_group(attempt: int, timeout_s: float = 60.0) -> None:
@@ -184,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     if "RANK" not in os.environ:
         sys.exit("run me under torchrun (see `python -m helpers.distributed.elastic_train --help` and helpers.distributed.elastic)")
     die_with_parent()  # if the torchrun agent dies, so do we
+    if not agent_alive():  # ... and if it died before we asked, we go now
+        sys.exit("the torchrun agent that started this worker is gone; nothing to do")
     attempt = attempt_number()
     join_group(attempt)
     train(args.run_dir, args.steps, args.checkpoint_every, args.batch_size, args.lr, args.seed, args.kill_at_step, args.kill_rank, attempt)
