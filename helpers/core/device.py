@@ -44,7 +44,9 @@ def pick_device(device: str | torch.device | None = None) -> torch.device:
     """The device to run on: the argument, else $EDL_DEVICE, else CUDA when present, else CPU.
 
     A well-formed request for an accelerator that is not here falls back to the
-    CPU with a one-line notice, so a notebook never fails for lack of a GPU.
+    CPU with a one-line notice, so a notebook never fails for lack of a GPU. This is
+    the kit's one device normaliser: every helper taking ``device`` passes it here, so
+    ``device=None`` means this pick everywhere.
     """
     source = "argument"
     if device is None:
@@ -187,13 +189,18 @@ def cpu_native_dtypes() -> list[str]:
 # ---------------------------------------------------------------- GPU facts
 
 
-def gpu_spec(device: str | torch.device = "cuda") -> GPUSpec | None:
-    return lookup_gpu(torch.cuda.get_device_name(torch.device(device))) if gpu_available() else None
+def gpu_spec(device: str | torch.device | None = None) -> GPUSpec | None:
+    """The datasheet of the GPU behind ``device`` (default: ``pick_device()``), or None without a GPU or for an unknown one."""
+    device = pick_device(device)
+    return lookup_gpu(torch.cuda.get_device_name(device)) if is_gpu(device) else None
 
 
-def gpu_dtypes(device: str | torch.device = "cuda") -> list[str]:
+def gpu_dtypes(device: str | torch.device | None = None) -> list[str]:
     """Matmul dtypes this GPU supports natively (TF32 and BF16 need compute capability 8.0+)."""
-    major, _ = torch.cuda.get_device_capability(torch.device(device))
+    device = pick_device(device)
+    if not is_gpu(device):
+        raise ValueError(f"gpu_dtypes needs a CUDA device, got {device}; use fast_dtypes(device), which answers for CPUs too")
+    major, _ = torch.cuda.get_device_capability(device)
     return ["fp32", "tf32", "fp16", "bf16"] if major >= 8 else ["fp32", "fp16"]
 
 

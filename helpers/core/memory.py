@@ -16,15 +16,11 @@ import copy
 import os
 import sys
 from dataclasses import dataclass, field
-from functools import lru_cache
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import torch
 from torch import nn
-from torch._C._autograd import DeviceType
 from torch.optim.adam import adam
-from torch.utils._foreach_utils import _get_foreach_kernels_supported_devices
-from torch.utils._pytree import tree_flatten
 
 from helpers.core import plots
 from helpers.core.fake import (
@@ -33,18 +29,19 @@ from helpers.core.fake import (
     as_example,
     batch_size_of,
     explain_fake_failures,
-    fake_copy,
-    fake_inputs,
-    fake_mode,
+    fake_run,
     first_device,
+    leaf_modules,
+    module_hooks,
     split_args,
     tensor_bytes,
 )
 from helpers.core.gpu_workspaces import BlasWorkspaces, blas_workspaces, live_workspaces
 from helpers.core.report import Report, column, format_bytes
-
-if TYPE_CHECKING:
-    from torch.distributed._tools.mem_tracker import MemTracker
+from helpers.core.step import default_loss, resolve_amp, tensors_in, training_step
+from helpers.core.torch_adapters import mem_tracker, profiler_memory
+from helpers.core.torch_adapters.optim_defaults import foreach_by_default
+from helpers.core.torch_adapters.storage import storage_key
 
 CATEGORIES = ("parameters", "gradients", "optimizer state", "activations", "temporaries", "input")
 PHASES = ("forward", "backward", "optimizer step")
@@ -70,29 +67,6 @@ OPTIMIZERS: dict[str, Callable] = {"sgd": _sgd, "sgd_momentum": _sgd_momentum, "
 OptimizerChoice = str | Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 
 
-def default_loss(output: Any) -> torch.Tensor:
-    """The default ``loss_fn``: the sum, in fp32, of every floating-point element the model returns.
-
-    Its gradient is 1 for every output element, so backward runs through the whole
-    network exactly as under any real loss. The loss itself adds only a scalar (and an
-    fp32 copy of a half-precision output); cross-entropy would also keep its
-    log-softmax, one more tensor the size of the output.
-    """
-    leaves = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor) and t.is_floating_point()]
-    if not leaves:
-        raise ValueError("the model returned no floating-point tensor: pass loss_fn=..., a function from its output to a scalar")
-    loss = leaves[0].float().sum()
-    for t in leaves[1:]:
-        loss = loss + t.float().sum()
-    return loss
-
-
-def _torch_default_foreach(params: list[torch.Tensor]) -> bool:
-    """What torch's optimizers choose by default for real tensors on these devices: foreach kernels only on GPUs."""
-    supported = _get_foreach_kernels_supported_devices()
-    return bool(params) and all(p.device.type in supported for p in params)
-
-
 def make_optimizer(optimizer: OptimizerChoice, params: list[nn.Parameter], foreach: bool | None) -> torch.optim.Optimizer:
     """An optimizer from its name (``OPTIMIZERS``) or from a factory taking the parameters."""
     if callable(optimizer):
@@ -100,46 +74,6 @@ def make_optimizer(optimizer: OptimizerChoice, params: list[nn.Parameter], forea
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {optimizer!r}; choose one of {sorted(OPTIMIZERS)} or pass a function params -> optimizer")
     return OPTIMIZERS[optimizer](params, foreach)
-
-
-def autocast_dtype(amp: bool | str | torch.dtype, device_type: str) -> torch.dtype | None:
-    """The dtype autocast runs in for ``amp`` (True: fp16 on GPUs, bf16 on CPUs), or None without AMP."""
-    if amp is False or amp is None:
-        return None
-    if amp is True:
-        return torch.float16 if device_type == "cuda" else torch.bfloat16
-    names = {"fp16": torch.float16, "float16": torch.float16, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
-    if isinstance(amp, torch.dtype) and amp in names.values():
-        return amp
-    if isinstance(amp, str) and amp in names:
-        return names[amp]
-    raise ValueError(f"amp={amp!r} is not understood; use False, True, 'fp16' or 'bf16'")
-
-
-@lru_cache(maxsize=1)
-def _step_tracker_class() -> type:
-    """torch's MemTracker, plus the step's timeline: memory per device and kind after every operator.
-
-    Defined on first use: importing MemTracker loads torch.distributed, about a second.
-    """
-    from torch.distributed._tools.mem_tracker import MemTracker
-
-    class StepTracker(MemTracker):
-        def __init__(self):
-            super().__init__()
-            self.phase = "forward"
-            self.timeline: list[tuple[str, dict]] = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = super().__torch_dispatch__(func, types, args, kwargs)
-            self.timeline.append((self.phase, self.get_tracker_snapshot()))
-            return out
-
-    return StepTracker
-
-
-def _new_tracker() -> "MemTracker":
-    return _step_tracker_class()()
 
 
 @dataclass
@@ -153,24 +87,17 @@ class _Step:
     loss_fn: Callable
     amp_dtype: torch.dtype | None
 
-    @property
-    def device_type(self) -> str:
-        return first_device(self.model).type
+    def run(self, tracker: Any = None) -> dict[str, int]:
+        """The kit's ``training_step`` (the loss freed before the update); returns the gradient bytes per device after backward."""
+        grads: dict[str, int] = {}
 
-    def run(self, tracker: MemTracker | None = None) -> dict[str, int]:
-        """Forward, loss, backward, optimizer step, zero_grad; returns the gradient bytes per device after backward."""
-        self._phase(tracker, "forward")
-        with torch.autocast(self.device_type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
-            loss = self.loss_fn(self.model(*self.args, **self.kwargs))
-        if not (isinstance(loss, torch.Tensor) and loss.numel() == 1):
-            raise ValueError(f"loss_fn must return a scalar tensor, got {type(loss).__name__} {getattr(loss, 'shape', '')}")
-        self._phase(tracker, "backward")
-        loss.backward()
-        del loss
-        grads = _bytes_by_device(p.grad for p in self.model.parameters() if p.grad is not None)
-        self._phase(tracker, "optimizer step")
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        def on_phase(phase: str) -> None:
+            if phase == "optimizer step":
+                grads.update(_bytes_by_device(p.grad for p in self.model.parameters() if p.grad is not None))
+            self._phase(tracker, phase)
+
+        training_step(self.model, self.optimizer, self.kwargs or self.args, self.loss_fn, amp_dtype=self.amp_dtype,
+                      on_phase=on_phase, keep_loss=False)
         return grads
 
     def create_optimizer_state(self) -> None:
@@ -182,7 +109,7 @@ class _Step:
         self.optimizer.zero_grad(set_to_none=True)
 
     @staticmethod
-    def _phase(tracker: MemTracker | None, phase: str) -> None:
+    def _phase(tracker: Any, phase: str) -> None:
         if tracker is not None:
             tracker.phase = phase
 
@@ -229,22 +156,18 @@ class ModuleMemory(Report):
         return ax
 
 
-def _kind(key: Any) -> str:
-    return getattr(key, "value", key)  # MemTracker keys its categories by an enum whose values are these names
-
-
-def _categorize(snapshot: Mapping, state_bytes: int) -> dict[str, int]:
-    """MemTracker's kinds as the kit's categories; tensors the optimizer makes beyond its state are temporaries."""
-    kinds = {_kind(k): v for k, v in snapshot.items()}
-    optimizer = kinds.get("Optstate", 0)
+def _categorize(kinds: Mapping[str, int], state_bytes: int) -> dict[str, int]:
+    """MemTracker's kinds (as ``torch_adapters.mem_tracker.by_kind`` names them) as the kit's categories;
+    tensors the optimizer makes beyond its state are temporaries."""
+    optimizer = kinds["optimizer state"]
     state = min(optimizer, state_bytes)
     return {
-        "parameters": kinds.get("Parameter", 0) + kinds.get("Buffer", 0),
-        "gradients": kinds.get("Gradient", 0),
+        "parameters": kinds["parameters"] + kinds["buffers"],
+        "gradients": kinds["gradients"],
         "optimizer state": state,
-        "activations": kinds.get("Activation", 0),
-        "temporaries": kinds.get("Temp", 0) + optimizer - state,
-        "input": kinds.get("Other", 0),
+        "activations": kinds["activations"],
+        "temporaries": kinds["temporaries"] + optimizer - state,
+        "input": kinds["other"],
     }
 
 
@@ -327,28 +250,22 @@ class TrainingMemory(Report):
         return ax
 
 
-def _module_rows(tracker: MemTracker) -> list[ModuleRow]:
+def _module_rows(tracker: Any) -> list[ModuleRow]:
     rows = []
-    for stats in tracker.memory_tracking.values():
-        root, _, rest = stats.mod_fqn.partition(".")
-        peaks = {}
-        for state in ("Peak-Forward", "Peak-Backward"):
-            snaps = [snap for key, snaps in stats.snapshots.items() if _kind(key) == state for snap in snaps]
-            peaks[state] = max((dev["Total"] for snap in snaps for dev in snap.values()), default=0)
-        rows.append(ModuleRow(rest or "(whole model)", stats.parameter_mem, getattr(stats, "output_mem", 0),
-                              peaks["Peak-Forward"], peaks["Peak-Backward"]))
+    for stats in mem_tracker.module_peaks(tracker):
+        root, _, rest = stats.fqn.partition(".")
+        rows.append(ModuleRow(rest or "(whole model)", stats.parameter_bytes, stats.output_bytes, stats.forward_peak, stats.backward_peak))
     return rows
 
 
-def _report(step: _Step, tracker: MemTracker, grads: dict[str, int], state_at_start: dict[str, int], *,
+def _report(step: _Step, tracker: Any, grads: dict[str, int], state_at_start: dict[str, int], *,
             model_name: str, batch_size: int, optimizer: OptimizerChoice, amp: str, source: str, **extra) -> TrainingMemory:
-    timeline = [(phase, {str(d): _categorize(s, state_at_start.get(str(d), 0)) for d, s in snap.items()}) for phase, snap in tracker.timeline]
+    timeline = [(phase, {d: _categorize(s, state_at_start.get(d, 0)) for d, s in snap.items()}) for phase, snap in tracker.timeline]
     peak_by_device: dict[str, int] = {}
     categories_by_device: dict[str, dict[str, int]] = {}
     phase_by_device: dict[str, str] = {}
-    for device, snap in tracker.get_tracker_snapshot("peak").items():
-        name = str(device)
-        peak_by_device[name] = snap["Total"]
+    for name, snap in mem_tracker.peak_by_kind(tracker).items():
+        peak_by_device[name] = snap["total"]
         categories_by_device[name] = _categorize(snap, state_at_start.get(name, 0))
     for name, peak in peak_by_device.items():
         phase_by_device[name] = next((phase for phase, snap in timeline if name in snap and sum(snap[name].values()) == peak), "forward")
@@ -419,20 +336,17 @@ def training_memory(
     devices for a model split over several; ``dtype`` casts parameters and inputs (pure
     low precision). Works on meta-device models and inputs; the model is not changed.
     """
-    example = as_example(model, example_input)
-    mode = fake_mode()
-    fake_model = fake_copy(model, mode, device, dtype).train()
-    _check_devices_exist(fake_model)
+    run = fake_run(model, example_input, placement=device, dtype=dtype, prepare=_check_devices_exist)
+    fake_model, args, kwargs, example = run.model, run.args, run.kwargs, run.example
     input_device = first_device(fake_model)
-    args, kwargs = fake_inputs(example, mode, input_device, dtype)
-    amp_dtype = autocast_dtype(amp, input_device.type)
-    with mode, explain_fake_failures(model):
+    amp_dtype = resolve_amp(amp, input_device)
+    with run.mode, explain_fake_failures(model):
         params = [p for p in fake_model.parameters() if p.requires_grad]
-        step = _Step(fake_model, args, kwargs, make_optimizer(optimizer, params, foreach=_torch_default_foreach(params)),
+        step = _Step(fake_model, args, kwargs, make_optimizer(optimizer, params, foreach=foreach_by_default(params)),
                      loss_fn or default_loss, amp_dtype)
         step.create_optimizer_state()
         state = _bytes_by_device(optimizer_state_tensors(step.optimizer))
-        tracker = _new_tracker()
+        tracker = mem_tracker.new_step_tracker()
         tracker.track_external(fake_model, step.optimizer, *args, *kwargs.values())
         with tracker:
             grads = step.run(tracker)
@@ -539,12 +453,7 @@ class _AllocatorPeak:
             self.profiler.__exit__(*exc)
         finally:
             self.quiet.__exit__(None, None, None)
-        events = [e for e in self.profiler.profiler.kineto_results.events() if e.name() == "[memory]" and e.device_type() == DeviceType.CPU]
-        live = highest = 0
-        for event in sorted(events, key=lambda e: e.start_ns()):
-            live += event.nbytes()
-            highest = max(highest, live)
-        self.peak = self.baseline + highest
+        self.peak = self.baseline + profiler_memory.peak_of(profiler_memory.cpu_allocations(self.profiler))
         return False
 
 
@@ -567,12 +476,12 @@ def measure_training_memory(
     device = first_device(real_model)
     example = as_example(model, example_input)
     args, kwargs = _real_inputs(example, device)
-    amp_dtype = autocast_dtype(amp, device.type)
+    amp_dtype = resolve_amp(amp, device)
     params = [p for p in real_model.parameters() if p.requires_grad]
     step = _Step(real_model, args, kwargs, make_optimizer(optimizer, params, foreach=None), loss_fn or default_loss, amp_dtype)
     step.run()  # warm-up: creates the optimizer's state (and, on a GPU, cuBLAS workspaces)
     state = _bytes_by_device(optimizer_state_tensors(step.optimizer))
-    tracker = _new_tracker()
+    tracker = mem_tracker.new_step_tracker()
     tracker.track_external(real_model, step.optimizer, *args, *kwargs.values())
     baseline = _live_bytes([*real_model.parameters(), *real_model.buffers(), *optimizer_state_tensors(step.optimizer), *args, *kwargs.values()], device)
     allocator = _AllocatorPeak(device, baseline) if device.type in ("cpu", "cuda") else None
@@ -627,25 +536,18 @@ class LayerMemory(Report):
         return ax
 
 
-def _storage_id(t: torch.Tensor) -> int:
-    return t.untyped_storage()._cdata
-
-
 def _layer_rows(model: nn.Module, shape: Any, mode: str) -> tuple[list[LayerMemRow], list[tuple], ExampleInput]:
     """One forward pass on fake tensors, recording each leaf layer's input, weight and output bytes."""
     if mode not in WORKING_SET_PARTS:
         raise ValueError(f"mode must be 'inference' or 'training', got {mode!r}")
-    example = as_example(model, shape)
-    mode_ = fake_mode()
-    fake_model = fake_copy(model, mode_).train(mode == "training")
-    args, kwargs = fake_inputs(example, mode_, first_device(fake_model))
+    run = fake_run(model, shape, training=mode == "training")
     rows: list[LayerMemRow] = []
 
     def record(name: str, module: nn.Module, inputs, output) -> None:
-        ins = [t for t in tree_flatten(inputs)[0] if isinstance(t, torch.Tensor)]
-        read = {_storage_id(t) for t in ins}
+        ins = tensors_in(inputs)
+        read = {storage_key(t) for t in ins}
         # an in-place layer (ReLU(inplace=True)) writes over its input: its output takes no memory of its own
-        outs = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor) and _storage_id(t) not in read]
+        outs = [t for t in tensors_in(output) if storage_key(t) not in read]
         out_bytes = sum(tensor_bytes(t) for t in outs)
         training = mode == "training"
         rows.append(LayerMemRow(
@@ -654,22 +556,15 @@ def _layer_rows(model: nn.Module, shape: Any, mode: str) -> tuple[list[LayerMemR
             weights=sum(tensor_bytes(t) for t in (*module.parameters(), *module.buffers())),
             outputs=out_bytes,
             weight_gradients=sum(tensor_bytes(p) for p in module.parameters() if p.requires_grad) if training else None,
-            output_gradients=sum(tensor_bytes(t) for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor)) if training else None,
+            output_gradients=sum(tensor_bytes(t) for t in tensors_in(output)) if training else None,
             output_shape=tuple(output.shape) if isinstance(output, torch.Tensor) else (),
         ))
 
-    leaves = [(name, m) for name, m in fake_model.named_modules() if not any(True for _ in m.children())]
-    handles = [m.register_forward_hook(lambda mod, i, o, name=name: record(name, mod, i, o)) for name, m in leaves]
-    try:
-        with mode_, torch.no_grad(), explain_fake_failures(model, "profiled"):
-            fake_model(*args, **kwargs)
-    finally:
-        for h in handles:
-            h.remove()
+    with module_hooks(leaf_modules(run.model), after=record), run.mode, torch.no_grad(), explain_fake_failures(model, "profiled"):
+        run.model(*run.args, **run.kwargs)
     if not rows:
         raise ValueError(f"{type(model).__name__} ran no layers (modules) in its forward; nothing to profile")
-    args_, kwargs_ = split_args(example)
-    return rows, [tuple(t.shape) for t in (*args_, *kwargs_.values())], example
+    return rows, run.input_shapes, run.example
 
 
 def profile_layer_mem(model: nn.Module, shape: Any = None, mode: str = "inference") -> LayerMemory:

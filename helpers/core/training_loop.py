@@ -22,6 +22,7 @@ from helpers.core.data import make_MNIST_loader
 from helpers.core.device import gpu_available, gpu_notice, is_gpu, pick_device, synchronize
 from helpers.core.models import LeNet
 from helpers.core.report import Report, column, format_seconds
+from helpers.core.step import training_step
 
 
 def _percent(share: float) -> str:
@@ -122,10 +123,7 @@ def train(
         for step, (inputs, targets) in enumerate(loader, start=1):
             arrived = time.perf_counter()
             inputs, targets = inputs.to(device, non_blocking=non_blocking), targets.to(device, non_blocking=non_blocking)
-            optimizer.zero_grad()
-            loss = loss_fn(model(inputs), targets)
-            loss.backward()
-            optimizer.step()
+            loss = training_step(model, optimizer, inputs, lambda output, targets=targets: loss_fn(output, targets))
             synchronize(device)
             value = loss.item()
             done = time.perf_counter()

@@ -7,30 +7,30 @@ fastest of interleaved rounds), and, for accumulation, a check that the gradient
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import textwrap
 from dataclasses import dataclass
-from typing import Callable, Iterator, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from helpers.core import plots
-from helpers.core.device import synchronize
-from helpers.core.fake import ExampleInput, batch_size_of, first_device, split_args, with_batch
+from helpers.core.device import cpu_threads as threads_for_cpu
+from helpers.core.device import pick_device, synchronize
+from helpers.core.fake import ExampleInput, first_device, split_args, with_batch
 from helpers.core.memory import (
     MasterWeightAdam,
     OptimizerChoice,
     TrainingMemory,
-    autocast_dtype,
     make_optimizer,
     measure_training_memory,
     training_memory,
 )
 from helpers.core.models import transformer_lm
 from helpers.core.report import Report, column, format_bytes, format_seconds
+from helpers.core.step import forward_backward, resolve_amp, training_step
 from helpers.core.timing import time_once
 
 
@@ -102,26 +102,12 @@ class MemoryComparison(Report):
 # ---------------------------------------------------------------- a real update, for timing and checks
 
 
-def _chunks(example: ExampleInput, parts: int) -> list[tuple[tuple, dict]]:
-    """The example's tensors cut into ``parts`` micro-batches along the batch dimension."""
-    args, kwargs = split_args(example)
-    batch = batch_size_of(example)
-    if batch % parts:
-        raise ValueError(f"a batch of {batch} does not split into {parts} equal micro-batches; pick a divisor of {batch}")
-    cut_args = [a.chunk(parts) for a in args]
-    cut_kwargs = {k: v.chunk(parts) for k, v in kwargs.items()}
-    return [(tuple(c[i] for c in cut_args), {k: c[i] for k, c in cut_kwargs.items()}) for i in range(parts)]
-
-
 def accumulate(model: nn.Module, example: ExampleInput, micro_batches: int, loss_fn: Callable = mean_square_loss,
                amp: bool | str = False) -> None:
     """Forward and backward over ``micro_batches`` equal slices of the batch, each loss scaled by 1/k: ``.grad`` then
-    holds the gradient of the whole batch's (mean) loss."""
-    amp_dtype = autocast_dtype(amp, first_device(model).type)
-    for args, kwargs in _chunks(example, micro_batches):
-        with torch.autocast(first_device(model).type, dtype=amp_dtype, enabled=amp_dtype is not None):
-            loss = loss_fn(model(*args, **kwargs)) / micro_batches
-        loss.backward()
+    holds the gradient of the whole batch's (mean) loss (the kit's ``forward_backward``)."""
+    forward_backward(model, example, loss_fn, amp_dtype=resolve_amp(amp, first_device(model)), micro_batches=micro_batches,
+                     keep_loss=False)
 
 
 def update_function(model: nn.Module, example: ExampleInput, optimizer: OptimizerChoice = "adam", loss_fn: Callable = mean_square_loss,
@@ -131,11 +117,10 @@ def update_function(model: nn.Module, example: ExampleInput, optimizer: Optimize
     params = [p for p in model.parameters() if p.requires_grad]
     opt = make_optimizer(optimizer, params, foreach=None)
     real_example = _on_device(example, first_device(model))
+    amp_dtype = resolve_amp(amp, first_device(model))
 
     def update() -> None:
-        opt.zero_grad(set_to_none=True)
-        accumulate(model, real_example, micro_batches, loss_fn, amp)
-        opt.step()
+        training_step(model, opt, real_example, loss_fn, amp_dtype=amp_dtype, micro_batches=micro_batches, keep_loss=False)
 
     return update
 
@@ -159,7 +144,7 @@ def time_interleaved(functions: Mapping[str, Callable[[], object]], device: torc
     multi-threaded step on a machine shared with other work can stall for far longer than
     one thread (every thread waits for the slowest at each operator).
     """
-    device = torch.device(device) if device is not None else None
+    device = pick_device(device)
     with threads_for_cpu(cpu_threads):
         for fn in functions.values():
             fn()
@@ -169,18 +154,6 @@ def time_interleaved(functions: Mapping[str, Callable[[], object]], device: torc
                 synchronize(device)
                 times[name].append(time_once(fn, sync=device))
     return {name: min(values) for name, values in times.items()}
-
-
-@contextlib.contextmanager
-def threads_for_cpu(threads: int | None) -> Iterator[None]:
-    """Within the block, torch runs CPU operators on ``threads`` threads (None: as it was); restored afterwards."""
-    saved = torch.get_num_threads()
-    if threads:
-        torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(saved)
 
 
 def real_step_peak(model: nn.Module, example: ExampleInput, optimizer: OptimizerChoice, **settings) -> int:
@@ -333,17 +306,12 @@ def accumulation_memory(model: nn.Module | None = None, batch_size: int = 16, mi
 # ---------------------------------------------------------------- mixed precision
 
 
-def half_dtype(device: torch.device) -> torch.dtype:
-    """The half-precision type autocast uses on this device: fp16 on GPUs, bf16 on CPUs."""
-    return autocast_dtype(True, device.type)
-
-
 def precision_memory(model: nn.Module | None = None, batch_size: int = 8, optimizer: OptimizerChoice = "adam",
                      measure: bool = True) -> MemoryComparison:
     """The same step in fp32, under autocast, with half weights and an fp32 master copy, and all in half precision."""
     model = model if model is not None else demo_transformer()
     example = example_batch(model, batch_size)
-    half = half_dtype(first_device(model))
+    half = resolve_amp(True, first_device(model))  # the device's autocast type: fp16 on GPUs, bf16 on CPUs
     name = str(half).replace("torch.", "")
     setups = [
         ("fp32", dict(optimizer=optimizer)),

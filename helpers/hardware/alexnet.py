@@ -21,6 +21,7 @@ from helpers.core.hardware_specs import GTX_580_3GB, GPUSpec
 from helpers.core.memory import CATEGORIES, LayerMemory, TrainingMemory, profile_layer_mem, training_memory
 from helpers.core.models import ALEXNET_INPUT, AlexNet2012, AlexNet2012Split, alexnet_2012
 from helpers.core.report import Report, column, format_bytes
+from helpers.core.step import resolve_amp
 from helpers.hardware.oom import largest_batch
 
 FIGURE_SIZE = (14, 4.8)  # the case study's two charts side by side
@@ -38,9 +39,10 @@ def paper_sgd(params) -> torch.optim.Optimizer:
 
 
 def _precision_settings(precision: str) -> dict:
+    """``training_memory``'s arguments for a precision of the case study; "amp" is autocast as on the paper's GPU."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    return {"fp32": {}, "amp": {"amp": "fp16"}, "fp16": {"dtype": torch.float16}}[precision]
+    return {"fp32": {}, "amp": {"amp": resolve_amp(True, "cuda")}, "fp16": {"dtype": torch.float16}}[precision]
 
 
 @dataclass

@@ -12,10 +12,10 @@ from torch import nn
 
 from helpers.core import plots
 from helpers.core.device import gpu_notice, pick_device
-from helpers.core.memory import default_loss, make_optimizer, training_memory
+from helpers.core.memory import make_optimizer, training_memory
 from helpers.core.report import Report, column, format_bytes, format_seconds
+from helpers.core.step import amp_name, resolve_amp, training_step
 from helpers.core.timing import timeit
-from helpers.training.precision import DTYPE_NAMES, amp_dtype
 
 
 @dataclass
@@ -36,21 +36,6 @@ class StepMemory:
         return (self.param_bytes + self.grad_bytes + self.optimizer_bytes) / self.parameters
 
 
-def _train_step(model, optimizer, x, low: torch.dtype | None, scaler=None) -> None:
-    """Forward (under autocast when ``low`` is set), the loss, backward, optimizer step."""
-    optimizer.zero_grad(set_to_none=True)
-    with torch.autocast(x.device.type, dtype=low or torch.float32, enabled=low is not None):
-        out = model(x)
-    loss = default_loss(out)
-    if scaler is None:
-        loss.backward()
-        optimizer.step()
-    else:
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scaler.update()
-
-
 def step_memory(
     model: nn.Module,
     example_input: torch.Tensor,
@@ -61,16 +46,21 @@ def step_memory(
     """One training step's memory by category, from ``training_memory`` (fake tensors: nothing is allocated).
 
     ``optimizer`` is one of training_memory's names ("sgd", "sgd_momentum", "adam") or a
-    factory; ``amp`` is None (fp32), "bf16" or "fp16". The activations are the largest
-    amount forward held at any point of the step; the tests check training_memory
-    against real steps.
+    factory; ``amp`` is None (fp32), "bf16", "fp16" or True (the device's default). The
+    activations are the largest amount forward held at any point of the step; the tests
+    check training_memory against real steps.
     """
     device = pick_device(device)
-    low = amp_dtype(device, amp) if amp else None
+    return _step_memory(model, example_input, optimizer, resolve_amp(amp, device), device)
+
+
+def _step_memory(model: nn.Module, example_input: torch.Tensor, optimizer: str | Callable, low: torch.dtype | None,
+                 device: torch.device) -> StepMemory:
+    """``step_memory`` with the device and the autocast dtype already resolved."""
     report = training_memory(model, example_input, optimizer, amp=low or False, device=device)
     on_device = [snapshot.get(report.device, {}) for _, snapshot in report.timeline]
     return StepMemory(
-        mode=f"AMP {DTYPE_NAMES[low]}" if low else "fp32",
+        mode=f"AMP {amp_name(low)}" if low else "fp32",
         parameters=report.param_count,
         param_bytes=report.param_bytes,
         grad_bytes=report.grad_bytes,
@@ -133,14 +123,16 @@ def amp_comparison(
     """Time a training step and measure its memory in fp32 and under autocast (bf16 on a CPU, fp16 on a GPU by default)."""
     device = pick_device(device)
     notice = gpu_notice("tensor-core mixed precision", device)
-    low = amp_dtype(device, amp)
+    low = resolve_amp(True if amp is None else amp, device)
+    if low is None:
+        raise ValueError("amp_comparison compares fp32 with AMP: pass amp=None (the device's default), 'fp16' or 'bf16', not False")
     rows = []
     for dtype in (None, low):
         net = copy.deepcopy(model).to(device)
         opt = make_optimizer(optimizer, list(net.parameters()), foreach=None)
         scaler = torch.amp.GradScaler(device.type) if dtype == torch.float16 else None
         x = example_input.to(device)
-        seconds = timeit(_train_step, net, opt, x, dtype, scaler, device=device, min_run_time=min_run_time).median
-        memory = step_memory(model, example_input, optimizer, DTYPE_NAMES[dtype] if dtype else None, device)
+        seconds = timeit(training_step, net, opt, x, amp_dtype=dtype, scaler=scaler, device=device, min_run_time=min_run_time).median
+        memory = _step_memory(model, example_input, optimizer, dtype, device)
         rows.append(PrecisionRun(memory.mode, seconds, rows[0].step_seconds / seconds if rows else 1.0, memory))
     return AmpComparison(rows, notice)

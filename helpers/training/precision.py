@@ -9,11 +9,12 @@ from typing import Callable, Sequence
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from helpers.core import plots
 from helpers.core.device import is_gpu, pick_device
 from helpers.core.report import Report, column
+from helpers.core.step import resolve_amp
+from helpers.core.torch_adapters.dispatch import TorchDispatchMode
 
 DTYPE_NAMES = {torch.float64: "fp64", torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 
@@ -79,6 +80,7 @@ def number_formats() -> NumberFormats:
 
 # NVIDIA's "Matrix Multiplication Background" guide (cuBLAS >= 11, cuDNN >= 7.6.3): tensor cores are used for any
 # M, N, K but are most efficient when each is a multiple of the first number; on A100 and later, of the second.
+CONVOLUTIONS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
 TENSOR_CORE_MULTIPLES = {"fp16": (8, 64), "bf16": (8, 64), "tf32": (4, 32), "int8": (16, 128), "fp64": (2, 16)}
 
 
@@ -120,7 +122,7 @@ def tensor_core_alignment(model: nn.Module, dtype: str = "fp16", recent_gpu: boo
     for name, module in model.named_modules():
         if isinstance(module, nn.Linear):
             dims = {"in_features (K)": module.in_features, "out_features (N)": module.out_features}
-        elif isinstance(module, nn.modules.conv._ConvNd):
+        elif isinstance(module, CONVOLUTIONS):
             dims = {"in_channels": module.in_channels // module.groups, "out_channels": module.out_channels // module.groups}
         elif isinstance(module, nn.Embedding):
             dims = {"num_embeddings (vocab)": module.num_embeddings, "embedding_dim": module.embedding_dim}
@@ -175,7 +177,7 @@ def autocast_ops(fn: Callable, *args, device: str | torch.device | None = None, 
     autocast lowers differ between devices: the table shows this device's.
     """
     device = pick_device(device)
-    low = amp_dtype(device, dtype)
+    low = resolve_amp(True if dtype is None else dtype, device)
     with torch.autocast(device.type, dtype=low), _DtypeLog() as log:
         fn(*args)
     rows = []
@@ -189,16 +191,6 @@ def autocast_ops(fn: Callable, *args, device: str | torch.device | None = None, 
         shown = ", ".join(sorted({DTYPE_NAMES.get(d, str(d)) for d in inputs})) or "-"
         rows.append(OpPrecision(name, shown, DTYPE_NAMES.get(output, str(output)), runs_in))
     return AutocastOps(rows, [f"autocast on {device.type} with dtype {DTYPE_NAMES[low]}"])
-
-
-def amp_dtype(device: torch.device, dtype: str | None) -> torch.dtype:
-    """The 16-bit dtype autocast should use: ``dtype`` ('fp16' or 'bf16'), by default bf16 on a CPU and fp16 on a GPU."""
-    if dtype is None:
-        return torch.float16 if is_gpu(device) else torch.bfloat16
-    names = {v: k for k, v in DTYPE_NAMES.items()}
-    if dtype not in names or dtype in ("fp32", "fp64"):
-        raise ValueError(f"autocast needs a 16-bit dtype, 'fp16' or 'bf16'; got {dtype!r}")
-    return names[dtype]
 
 
 # ---------------------------------------------------------------- fp16 underflow and loss scaling
