@@ -365,7 +365,21 @@ def matmul_kernels(sizes: Sequence[int], device: str | torch.device | None = Non
         notes.append("Every kernel and the library ran on ONE core (torch limited to 1 thread), so the comparison is per core; "
                      "the blocked kernel walks B in panels of rows filling half of L2.")
         notes += _naive_extrapolation(points, naive_up_to, max(sizes))
+        notes += _busy_machine_note()
     return KernelTimings(points, device, library, threads, notes, naive_up_to)
+
+
+def _busy_machine_note() -> list[str]:
+    """A warning when other programs competed for the cores during the timing (Unix load average above the core count)."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # not on Windows
+        return []
+    cores = os.cpu_count() or 1
+    if load <= cores:
+        return []
+    return [f"The machine was busy (1-minute load average {load:.1f} on {cores} cores after the timing): other programs shared the core, "
+            "so times vary from run to run and a re-run may reorder results that are close."]
 
 
 def _naive_extrapolation(points: Sequence[KernelPoint], naive_up_to: int | None, largest: int) -> list[str]:
