@@ -134,7 +134,8 @@ def training_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Exa
     "optimizer step". With a ``scaler``, the step goes through it (skipped on inf/nan)
     and the scale is updated.
     """
-    optimizer.zero_grad(set_to_none=True)
+    if any(p.grad is not None for group in optimizer.param_groups for p in group["params"]):
+        optimizer.zero_grad(set_to_none=True)  # only when needed: the call itself shows up as operators in a trace
     loss = forward_backward(model, batch, loss_fn, amp_dtype=amp_dtype, micro_batches=micro_batches, scaler=scaler,
                             on_phase=on_phase, keep_loss=keep_loss)
     if on_phase:
