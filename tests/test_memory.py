@@ -186,7 +186,7 @@ def test_bytes_per_param_theory_matches_training_memory():
     assert [r.theory for r in report.rows] == [8, 12, 16, 16, 16]
     for row in report.rows:
         assert row.measured == pytest.approx(row.theory, abs=0.01)
-    master = report.row("mixed precision, Adam, fp32 master")
+    master = report.find(setup="mixed precision, Adam, fp32 master copy")
     assert (master.weights, master.master_weights, master.gradients, master.optimizer_state) == (2, 4, 2, 8)
     assert "activations" in str(report)
 
@@ -218,12 +218,12 @@ def test_memory_shares():
     training = profile_mem(LeNet(), (64, 1, 28, 28), mode="training")
     assert training.shares["gradients"] == training.shares["parameters"]
     assert training.shares["activations"] > training.shares["parameters"]  # a batch of 64 outweighs LeNet's weights
-    assert sum(r["share"] for r in training.rows) == pytest.approx(100)
+    assert sum(r.share for r in training.rows) == pytest.approx(100)
     ax = training.plot()
     wedges = {w.get_label(): w.theta2 - w.theta1 for w in ax.patches}
     assert list(wedges) == ["input", "parameters", "activations", "gradients"]
     assert max(wedges, key=wedges.get) == "activations"  # the chart shows what the shares say
-    assert [t.get_text() for t in ax.texts if t.get_text().endswith("%")] == [f"{r['share']:.1f}%" for r in training.rows]
+    assert [t.get_text() for t in ax.texts if t.get_text().endswith("%")] == [f"{r.share:.1f}%" for r in training.rows]
 
 
 def test_largest_batch_is_a_search_that_lands_exactly():

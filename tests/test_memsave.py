@@ -46,7 +46,7 @@ def test_checkpointed_copy_computes_the_same_function_and_gradients(model):
 
 def test_checkpointing_trades_activation_memory_and_the_estimate_matches_a_real_step(model):
     report = checkpointing_memory(model, batch_size=8, every=(1,), rounds=1)
-    plain, every = report.row("no checkpointing"), report.row("checkpoint every 1")
+    plain, every = report.find(setup="no checkpointing"), report.find(setup="checkpoint every 1 block")
     assert every.activations < plain.activations / 2 and every.peak < plain.peak
     for r in report.rows:
         assert r.measured_peak == pytest.approx(r.peak, rel=0.02)

@@ -27,7 +27,7 @@ def test_formats_have_the_ieee_and_brain_float_layouts(formats):
 
 @pytest.mark.parametrize("name, dtype", [("fp16", torch.float16), ("bf16", torch.bfloat16), ("fp32", torch.float32)])
 def test_smallest_subnormal_is_the_last_value_before_zero(formats, name, dtype):
-    fmt = formats[name]
+    fmt = formats.find(name=name)
     assert torch.tensor(fmt.smallest_subnormal, dtype=dtype).item() == fmt.smallest_subnormal
     assert torch.tensor(fmt.smallest_subnormal * 0.49, dtype=dtype).item() == 0.0
     assert torch.tensor(fmt.largest, dtype=dtype).item() == fmt.largest
@@ -35,7 +35,7 @@ def test_smallest_subnormal_is_the_last_value_before_zero(formats, name, dtype):
 
 
 def test_tf32_has_fp32_range_and_fp16_precision(formats):
-    tf32, fp32, fp16 = formats["tf32"], formats["fp32"], formats["fp16"]
+    tf32, fp32, fp16 = (formats.find(name=n) for n in ("tf32", "fp32", "fp16"))
     assert tf32.kind == "matmul mode" and fp32.kind == "storage"
     assert tf32.epsilon == fp16.epsilon and tf32.smallest_normal == fp32.smallest_normal
     assert math.floor(math.log2(tf32.largest)) == math.floor(math.log2(fp32.largest)) and tf32.largest < fp32.largest
@@ -66,8 +66,8 @@ def test_alignment_flags_an_odd_vocabulary_and_says_what_to_pad_to():
 def test_autocast_runs_matmuls_low_and_the_loss_in_fp32():
     layer = nn.Linear(16, 16)
     report = precision.autocast_ops(lambda x, y: nn.functional.cross_entropy(layer(x), y), torch.randn(4, 16), torch.randint(0, 16, (4,)), device="cpu")
-    assert report.ran_in("addmm") == "bf16"
-    assert report.ran_in("_log_softmax") == "fp32"
+    assert report.find(op="addmm").runs_in == "bf16"
+    assert report.find(op="_log_softmax").runs_in == "fp32"
     assert "cast" in {r.runs_in for r in report.rows}
     with pytest.raises(ValueError, match="16-bit"):
         precision.autocast_ops(lambda: None, device="cpu", dtype="fp32")

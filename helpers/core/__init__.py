@@ -5,7 +5,7 @@ Public face of ``helpers.core``; names load on first use (see ``helpers.core.laz
 from helpers.core.lazy import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
-    ".report": ["Column", "Report", "format_bytes", "format_seconds"],
+    ".report": ["Report", "column", "format_bytes", "format_seconds", "startswith"],
     ".device": ["describe", "gpu_available", "peak_flops", "pick_device", "synchronize"],
     ".timing": ["Measurement", "time_once", "timeit"],
     ".workers": ["WorkerError", "WorkerTimeout", "available_cores", "launch"],

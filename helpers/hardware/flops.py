@@ -28,7 +28,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from helpers.core import plots
 from helpers.core.fake import ExampleInput, explain_fake_failures, fake_run, module_hooks
-from helpers.core.report import Column, Report
+from helpers.core.report import Report, column
 from helpers.core.torch_adapters.dispatch import TorchDispatchMode, is_view
 
 CONVENTIONS = ("classic", "flops", "macs")
@@ -105,13 +105,14 @@ NO_ARITHMETIC = {aten.empty, aten.empty_strided, aten.zeros, aten.ones, aten.ful
 
 @dataclass
 class OpRow:
-    layer: str
-    type: str
+    layer: str = column("layer")
+    type: str = column("type")
     classic: int
     flops: int
     macs: int
     ops: int = 0  # the count in the report's convention
-    share: float = 0.0  # percent of the report's total
+    counted: dict[str, int] = column("{}", ",", spread=True, default_factory=dict)  # {unit: ops}: the column is headed by the unit
+    share: float = column("share", ".1f", default=0.0)  # percent of the report's total
 
 
 class _OpCounter(TorchDispatchMode):
@@ -171,9 +172,9 @@ class OpsProfile(Report):
         self.total = self.totals[convention]
         for r in rows:
             r.ops = getattr(r, convention)
+            r.counted = {UNITS[convention]: r.ops}
             r.share = 100 * r.ops / self.total if self.total else 0.0
         self.title = f"Operations per layer of {model_name} ({convention} convention)"
-        self.columns = (Column("layer", "layer"), Column("type", "type"), Column("ops", UNITS[convention], ","), Column("share", "share", ".1f"))
         shapes = ", ".join(str(tuple(s)) for s in input_shapes)
         notes = [f"Input size: {shapes}", f"Total: {self.total:,} {UNITS[convention]} (approx. {self.total / 1e9:.3g} G)"]
         if convention == "classic" and uncounted:

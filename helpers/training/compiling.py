@@ -12,34 +12,25 @@ import torch
 
 from helpers.core import plots
 from helpers.core.device import cpu_threads, pick_device, synchronize
-from helpers.core.report import Column, Report, format_seconds
+from helpers.core.report import Report, column, format_seconds
 from helpers.core.timing import timeit
 
 
 @dataclass
 class ExecutionMode:
-    mode: str
-    first_call_seconds: float
-    steady_seconds: float
-    compile_seconds: float
-    speedup: float
-    max_difference: float
-    break_even_calls: float | None
+    mode: str = column("mode")
+    first_call_seconds: float = column("first call", format_seconds)
+    compile_seconds: float = column("compile time", format_seconds)
+    steady_seconds: float = column("per call after", format_seconds)
+    speedup: float = column("speed-up", ".2f")
+    break_even_calls: float | None = column("pays off after", lambda n: f"{n:,.0f} calls")
+    max_difference: float = column("max |difference|", ".2g")
 
 
 class CompiledComparison(Report):
     """Eager vs compiled: first call (compilation included), steady-state time per call, and when compiling pays off."""
 
     title = "Eager vs compiled execution"
-    columns = (
-        Column("mode", "mode"),
-        Column("first_call_seconds", "first call", format_seconds),
-        Column("compile_seconds", "compile time", format_seconds),
-        Column("steady_seconds", "per call after", format_seconds),
-        Column("speedup", "speed-up", ".2f"),
-        Column("break_even_calls", "pays off after", lambda n: f"{n:,.0f} calls"),
-        Column("max_difference", "max |difference|", ".2g"),
-    )
 
     def __init__(self, rows, program: str, fallback_reason: str | None):
         notes = [program]
@@ -115,9 +106,11 @@ def eager_vs_compiled(
         compiled_steady = timeit(compiled, *args, device=device, min_run_time=min_run_time).median
     saving = eager_steady - compiled_steady
     compile_seconds = max(compiled_first - compiled_steady, 0.0)
-    eager = ExecutionMode("eager", eager_first, eager_steady, 0.0, 1.0, 0.0, None)
-    fast = ExecutionMode(label, compiled_first, compiled_steady, compile_seconds, eager_steady / compiled_steady,
-                         _difference(reference, output), compile_seconds / saving if saving > 0 else None)
+    eager = ExecutionMode("eager", eager_first, compile_seconds=0.0, steady_seconds=eager_steady, speedup=1.0, break_even_calls=None,
+                          max_difference=0.0)
+    fast = ExecutionMode(label, compiled_first, compile_seconds=compile_seconds, steady_seconds=compiled_steady,
+                         speedup=eager_steady / compiled_steady, break_even_calls=compile_seconds / saving if saving > 0 else None,
+                         max_difference=_difference(reference, output))
     program = program or getattr(fn, "__name__", type(fn).__name__)
     if threads and device.type == "cpu":
         program += f", on {threads} CPU thread{'s' if threads > 1 else ''}"
