@@ -136,7 +136,11 @@ def test_comm_costs_table_and_unknown_scheme():
     costs = comm_costs(1e6, workers=(2, 8), link=Link(1e-5, 1e-9))
     assert costs.find(scheme="ring", workers=8).seconds == pytest.approx(all_reduce_time("ring", 1e6, 8, Link(1e-5, 1e-9)))
     assert "parameter server" in costs.table()
-    costs.plot()
+    lines = {line.get_label(): dict(zip(line.get_xdata(), line.get_ydata())) for line in costs.plot().lines}
+    assert set(lines) == {"parameter server", "ring", "tree", "butterfly"}
+    # worked by hand for 1 MB of gradients: the server takes in and sends out one copy per worker, 2 x 8 x 1 MB at N = 8;
+    # a ring node sends and receives 2 (N - 1) / N of the buffer each way, 2 x 2 x 7/8 x 1 MB
+    assert lines["parameter server"][8] == pytest.approx(16e6) and lines["ring"][8] == pytest.approx(3.5e6)
     with pytest.raises(ValueError, match="unknown scheme"):
         rounds("gossip", 4)
 
