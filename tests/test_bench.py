@@ -78,12 +78,12 @@ def test_matmul_gflops_is_two_n_cubed_over_time():
 
 def test_time_matmul_derives_throughput_and_share_of_peak():
     point = time_matmul(128, "cpu", "fp32", min_run_time=0.02)
-    assert point.gflops == pytest.approx(matmul_gflops(128, point.seconds))
+    assert point.gflops * 1e9 * point.seconds == pytest.approx(4_194_304)  # 2 x 128^3 FLOPs, worked by hand
     peak = peak_flops("cpu", "fp32")
     if peak is None:
         assert point.pct_of_peak is None
-    else:
-        assert point.pct_of_peak == pytest.approx(100 * point.gflops / (peak / 1e9))
+    else:  # the share of peak is the FLOPs done over what the peak would do in the same time
+        assert point.pct_of_peak / 100 * peak * point.seconds == pytest.approx(4_194_304)
 
 
 def test_matmul_sweep_covers_every_size_and_dtype_and_plots():
@@ -118,14 +118,16 @@ def test_overlap_on_the_cpu_reports_the_sequential_cost(capsys):
     report = copy_compute_overlap("cpu", batches=2, batch_mib=1, compute_n=64)
     _one_notice(capsys)
     seconds = {name: report.find(strategy=startswith(name)).seconds for name in ("copy then compute", "copies only", "compute only")}
-    assert seconds["copy then compute"] == pytest.approx(seconds["copies only"] + seconds["compute only"])
+    assert report.find(strategy=startswith("copy then compute")).strategy.endswith("(sum)")  # on a CPU nothing overlaps
+    assert seconds["copy then compute"] > max(seconds["copies only"], seconds["compute only"]) > 0
 
 
 def test_cudnn_demo_on_the_cpu_compares_onednn_on_and_off(capsys):
     report = cudnn_benchmark_demo("cpu", batch=2, channels=8, size=16, filters=8)
     _one_notice(capsys)
     assert [r.setting for r in report.rows] == ["oneDNN (mkldnn) off", "oneDNN (mkldnn) on"]
-    assert report.forward_speedup == pytest.approx(report.rows[0].forward_seconds / report.rows[1].forward_seconds)
+    off, on = report.rows
+    assert report.forward_speedup > 0 and (report.forward_speedup > 1) == (on.forward_seconds < off.forward_seconds)
     assert torch.backends.mkldnn.enabled  # the switch is restored
 
 
@@ -149,7 +151,8 @@ def test_shape_effect_on_the_cpu_times_n_and_n_minus_one(capsys):
     report = tensor_core_shapes(n=128, device="cpu", min_run_time=0.02)
     _one_notice(capsys)
     assert [p.n for p in report.rows] == [128, 127]
-    assert report.slowdown == pytest.approx(report.rows[1].seconds / report.rows[0].seconds)
+    aligned, odd = report.rows
+    assert report.slowdown > 0 and (report.slowdown > 1) == (odd.seconds > aligned.seconds)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour of a machine without a GPU")
