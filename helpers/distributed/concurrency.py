@@ -109,7 +109,7 @@ class GilDemo(Report):
     def plot(self, ax=None):
         works = list(dict.fromkeys(r.work for r in self.rows))
         methods = list(dict.fromkeys(r.method for r in self.rows))
-        groups = {m: [self.get(w, m).speedup for w in works] for m in methods}
+        groups = {m: [self.find(work=w, method=m).speedup for w in works] for m in methods}
         ax = plots.grouped_bars(works, groups, ax, title="Speedup over running the tasks one after another", ylabel="speedup (x)")
         plots.horizontal_line(ax, 1.0, "serial")
         return ax
