@@ -187,8 +187,8 @@ def run_launched(name: str, run_dir: str | Path, digits: Digits, *, steps: int =
                  batch_size: int = 32, seed: int = 0, timeout: float = 180.0) -> ElasticRun:
     """The same training, uninterrupted, on workers from the kit's launcher (``launch``): no torchrun, no restarts.
 
-    ``launch`` forks its workers from a process that has already imported torch, so this reference run costs
-    about a second where torchrun starts fresh interpreters; the training function and the seed are the same.
+    ``launch`` forks its workers from a process that has already imported torch, where torchrun starts fresh
+    interpreters, so the reference costs less start-up; the training function and the seed are the same.
     """
     if len(digits.labels) < batch_size * nproc:
         raise ValueError(f"{len(digits.labels)} digits do not fill one global batch ({batch_size} per rank x {nproc} ranks): use more digits or a smaller batch.")
