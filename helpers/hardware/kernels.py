@@ -277,7 +277,9 @@ class KernelTimings(Report):
             ax.text(0.5, 0.5, f"nothing timed: no GPU here (device {self.device})", transform=ax.transAxes, ha="center", va="center")
             return ax
         series = {kernel: ([r.n for r in self.rows if r.kernel == kernel], [r.gflops for r in self.rows if r.kernel == kernel]) for kernel in self.kernels}
-        plots.line_chart(series, ax, styles={self.library: "--"}, title=self.title, xlabel="matrix size n (log scale)", ylabel="GFLOP/s (log scale)", logx=True, logy=True)
+        rows_of_a = {r.m for r in self.rows}
+        shape = f"A is {rows_of_a.pop():,} x n" if len(rows_of_a) == 1 else "A is n x n"
+        plots.line_chart(series, ax, styles={self.library: "--"}, title=self.title, xlabel=f"n (log scale): B is n x n, {shape}", ylabel="GFLOP/s (log scale)", logx=True, logy=True)
         if not is_gpu(self.device):
             sizes = sorted({r.n for r in self.rows})
             for level in memory_levels(torch.device("cpu"))[:-1]:
