@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import os
 import re
+import statistics
 import sys
 import tempfile
 from collections import defaultdict
@@ -24,7 +25,7 @@ from torch.autograd import DeviceType  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from helpers.core import plots  # noqa: E402
-from helpers.core.device import DTYPES, is_gpu, pick_device, synchronize  # noqa: E402
+from helpers.core.device import DTYPES, cpu_threads, is_gpu, pick_device, synchronize  # noqa: E402
 from helpers.core.report import Report, column, format_seconds  # noqa: E402
 
 # ---------------------------------------------------------------- classes and the name patterns behind them
@@ -275,8 +276,17 @@ def _class_rows(timed: list[tuple[str, int, float]], device: torch.device, class
     return rows, kernels
 
 
-def kernels_by_class(step: Callable[[], object], steps: int = 3, device: str | torch.device | None = None, top: int = 8,
-                 label: str = "step", onednn: bool = True) -> KernelTable:
+def _robust_cpu_times(events) -> list[tuple[str, int, float]]:
+    """(op, calls, seconds) per op name, the seconds being calls x the median self time of one call."""
+    calls: dict[str, list[float]] = defaultdict(list)
+    for event in events:
+        if event.device_type == DeviceType.CPU and not event.name.startswith("ProfilerStep"):
+            calls[event.name].append(event.self_cpu_time_total / 1e6)
+    return [(name, len(times), len(times) * statistics.median(times)) for name, times in calls.items() if statistics.median(times) > 0]
+
+
+def kernels_by_class(step: Callable[[], object], steps: int = 5, device: str | torch.device | None = None, top: int = 8,
+                     label: str = "step", onednn: bool = True, threads: int | None = None) -> KernelTable:
     """Profile ``steps`` calls of ``step`` (after one warm-up call) and sort what ran into classes by name.
 
     On a GPU the entries are the CUDA kernels, copies and fills, by GPU time;
@@ -284,36 +294,42 @@ def kernels_by_class(step: Callable[[], object], steps: int = 3, device: str | t
     inside oneDNN), and, with ``onednn``, one more step runs with oneDNN's log
     on, which names the implementation of every convolution, matrix product
     and layout reorder it ran (jit:avx512_core, brgemm:avx512_core_amx, ...).
+    ``threads`` runs a CPU step on that many threads (None: leave the setting):
+    a small step gains nothing from more, and on a busy machine each op would
+    wait for its slowest thread.
     """
     device = pick_device(device)
     gpu = is_gpu(device)
-    step()
-    synchronize(device)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
-    with profile(activities=activities) as prof:
-        for _ in range(steps):
-            step()
+    on_threads = None if gpu else threads
+    with cpu_threads(on_threads):
+        step()
         synchronize(device)
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
+        with profile(activities=activities) as prof:
+            for _ in range(steps):
+                step()
+            synchronize(device)
+        log = onednn_log(step) if onednn and not gpu else None
     if gpu:
         timed = [(a.key, a.count, a.self_device_time_total / 1e6) for a in prof.key_averages()
                  if a.device_type == DeviceType.CUDA and a.self_device_time_total > 0]
     else:
-        timed = [(a.key, a.count, a.self_cpu_time_total / 1e6) for a in prof.key_averages()
-                 if not a.key.startswith("ProfilerStep") and a.self_cpu_time_total > 0]
+        timed = _robust_cpu_times(prof.events())
     rows, kernels = _class_rows(timed, device, GPU_CLASSES if gpu else CPU_CLASSES)
-    what = "CUDA kernels by GPU time" if gpu else "ATen ops by self CPU time (the CPU profiler's finest grain)"
+    what = ("CUDA kernels by GPU time" if gpu else "ATen ops by self CPU time (the CPU profiler's finest grain), each "
+            "counted as calls x its median call, so that a pause of a busy machine inside one call does not inflate it")
     listing = KernelList(kernels[:top], [f"{len(kernels)} distinct {'kernels' if gpu else 'ops'}; the {min(top, len(kernels))} with the most time"])
-    notes = [f"{label}: {steps} profiled steps on {device}; {what}"]
+    where = f"{device}" + (f", {on_threads} CPU thread{'s' if on_threads > 1 else ''}" if on_threads else "")
+    notes = [f"{label}: {steps} profiled steps on {where}; {what}"]
     onednn_list = None
-    if onednn and not gpu:
-        runs = parse_onednn_log(onednn_log(step))
+    if log is not None:
         merged: dict[str, list[float]] = defaultdict(list)
-        for primitive, implementation, prop_kind, ms in runs:
+        for primitive, implementation, prop_kind, ms in parse_onednn_log(log):
             merged[f"{primitive} {implementation} ({prop_kind})"].append(ms / 1e3)
         whole = sum(sum(v) for v in merged.values()) or 1.0
         onednn_rows = sorted((KernelTime(name, classify_kernel(name, device), len(v), sum(v), sum(v) / whole) for name, v in merged.items()),
                              key=lambda k: k.seconds, reverse=True)
         onednn_list = OneDNNPrimitives(onednn_rows, ["one step with oneDNN's verbose log on: primitive, implementation (ISA), "
-                                               "propagation kind; times as oneDNN measured them"
-                                               + ("" if onednn_rows else "; none logged: the step used no oneDNN primitive, or this PyTorch has no oneDNN")])
+                                                     "propagation kind; times as oneDNN measured them"
+                                                     + ("" if onednn_rows else "; none logged: the step used no oneDNN primitive, or this PyTorch has no oneDNN")])
     return KernelTable(rows, listing, onednn_list, device, label, notes)
