@@ -1,6 +1,7 @@
 """helpers.distributed.concurrency: the GIL demo, shared memory between processes and loaders run and report what they claim."""
 from __future__ import annotations
 
+from helpers.core.report import startswith
 from helpers.distributed.concurrency import DecodeHeavy, dataloader_demo, gil_demo, python_work, shared_memory_demo, start_costs
 
 
@@ -14,7 +15,7 @@ def test_shared_memory_passes_a_handle_and_the_child_writes_through():
 def test_gil_demo_runs_every_method_on_both_workloads():
     demo = gil_demo(tasks=2, python_iterations=20_000, matrix=32, matmuls=2)
     assert len(demo.rows) == 6 and all(r.seconds > 0 for r in demo.rows)
-    assert demo.get("pure Python", "serial").speedup == 1.0
+    assert demo.find(work="pure Python", method=startswith("serial")).speedup == 1.0
     demo.plot()
 
 
