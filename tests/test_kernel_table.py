@@ -92,7 +92,9 @@ def test_onednn_log_lines_are_parsed_and_other_lines_skipped():
 
 
 def test_a_real_cpu_step_is_classified_from_its_profile_and_onednn_log():
-    report = kernels_by_class(cnn_training_step("cpu", batch=4, channels=8, image=16), steps=2, device="cpu", label="test step")
+    threads_before = torch.get_num_threads()
+    report = kernels_by_class(cnn_training_step("cpu", batch=4, channels=8, image=16), steps=3, device="cpu", label="test step", threads=1)
+    assert torch.get_num_threads() == threads_before and "on cpu, 1 CPU thread" in report.notes[0]
     assert [r.kernel_class for r in report.rows] == list(CPU_CLASSES)
     assert sum(r.share for r in report.rows) == pytest.approx(1.0)
     assert report.find(kernel_class=CPU_CONV).share > 0 and report.find(kernel_class=CPU_GEMM).calls > 0
