@@ -396,7 +396,8 @@ class Roofline(Report):
         ax.plot(xs, [roof(x, self.peak, self.bandwidth) for x in xs], color="black", linewidth=2,
                 label="roof: min(peak, FLOP/byte x bandwidth)")
         ax.axvline(self.ridge, linestyle="--", color="black", linewidth=1.0, alpha=0.6)
-        ax.annotate(f"ridge {self.ridge:.3g} FLOP/byte", xy=(self.ridge, 0.02), xycoords=("data", "axes fraction"),
+        ridge_label = f"ridge {self.ridge:.3g} FLOP/byte"
+        ax.annotate(ridge_label, xy=(self.ridge, 0.02), xycoords=("data", "axes fraction"),
                     xytext=(-3, 0), textcoords="offset points", rotation=90, ha="right", va="bottom", fontsize=8)
         ax.annotate(f"peak {format_rate(self.peak)}", xy=(high, self.peak), textcoords="offset points", xytext=(-4, 4),
                     ha="right", va="bottom", fontsize=9)
@@ -407,27 +408,30 @@ class Roofline(Report):
             points = [r for r in self.rows if r.kind == kind]
             ax.scatter([p.intensity for p in points], [p.achieved for p in points], s=50, zorder=3,
                        color=plots.color_for(kind, i + 1), label=kind)
-        _label_points(ax, [(r.intensity, r.achieved, r.name) for r in self.rows])
+        _label_points(ax, [(r.intensity, r.achieved, r.name) for r in self.rows], self.ridge, ridge_label)
         ax.legend(loc="upper left")  # far above the sloped roof, where points rarely are
         return ax
 
 
-def _label_points(ax, points: Sequence[tuple[float, float, str]], fontsize: int = 8) -> None:
+def _label_points(ax, points: Sequence[tuple[float, float, str]], ridge: float, ridge_label: str, fontsize: int = 8) -> None:
     """Write each name right of its point, shifted down or up (nearest first, with a leader line) until it clears the
-    points and the labels already placed."""
+    points, the labels already placed and the ridge's label (written upwards from the foot of the ridge line)."""
     ax.autoscale_view()
     pixels_per_point = ax.figure.dpi / 72
     height = fontsize * 1.3 * pixels_per_point
     where = [(*ax.transData.transform((x, y)), name) for x, y, name in points]
     taken = [(px - 5 * pixels_per_point, px + 5 * pixels_per_point, py) for px, py, _ in where]  # the markers themselves
+    ridge_x, foot = ax.transData.transform((ridge, 1.0))[0], ax.transAxes.transform((0.0, 0.02))[1]
+    ridge_length = 0.55 * fontsize * pixels_per_point * len(ridge_label)
+    bottom, top = ax.transAxes.transform((0.0, 0.0))[1], ax.transAxes.transform((0.0, 1.0))[1]
+    taken += [(ridge_x - height, ridge_x, foot + k * height / 2) for k in range(int(ridge_length / (height / 2)) + 1)]
     for (x, y, _), (px, py, name) in sorted(zip(points, where), key=lambda pair: (pair[1][0], -pair[1][1])):
         left = px + 6 * pixels_per_point
-        right = left + 0.62 * fontsize * pixels_per_point * len(name)
-        for step in range(12):
-            offset = height * ((step + 1) // 2) * (-1 if step % 2 else 1)  # 0, down 1, up 1, down 2, ...
-            if not any(abs(py + offset - other_y) < height and left < other_right and other_left < right
-                       for other_left, other_right, other_y in taken):
-                break
+        right = left + 0.55 * fontsize * pixels_per_point * len(name)
+        candidates = [height * ((step + 1) // 2) * (-1 if step % 2 else 1) for step in range(12)]  # 0, down 1, up 1, ...
+        inside = [o for o in candidates if bottom + height / 2 < py + o < top - height / 2] or [0.0]
+        offset = next((o for o in inside if not any(abs(py + o - other_y) < height and left < other_right and other_left < right
+                                                    for other_left, other_right, other_y in taken)), 0.0)
         taken.append((left, right, py + offset))
         leader = {"arrowprops": {"arrowstyle": "-", "color": "grey", "linewidth": 0.6, "shrinkA": 0, "shrinkB": 4}} if offset else {}
         ax.annotate(name, (x, y), textcoords="offset points", xytext=(6, offset / pixels_per_point - 3), fontsize=fontsize,
