@@ -115,9 +115,10 @@ class ElasticRun:
         path = self.run_dir / FINAL
         return torch.load(path) if path.exists() else None
 
-    def agent_lines(self, words: Sequence[str] = ("attempts left", "restart", "Rendezvous complete", "FAILED", "exitcode", "Signal")) -> list[str]:
-        """The lines of torchrun's own log that tell the failure and restart story (workers' lines left out)."""
-        return [line.strip() for line in self.log.splitlines()
+    def agent_lines(self, words: Sequence[str] = ("attempts left", "restart", "Rendezvous complete", "FAILED", "exitcode", "closing signal")) -> list[str]:
+        """The messages of torchrun's own log that tell the failure and restart story, without their
+        level/time/source prefix ("I1124 08:37:57.021000 15079 torch/.../api.py:553]"); workers' lines left out."""
+        return [line.split("] ", 1)[-1].strip() for line in self.log.splitlines()
                 if any(w in line for w in words) and not line.lstrip().startswith("[rank")]
 
 
