@@ -69,7 +69,7 @@ class RecomputeCost(Report):
         return max(0.05, 2 * self.noise)
 
     def _explain(self) -> str:
-        rule = (f"The rule of thumb's third assumes backward = 2 forwards (here {self.backward_per_forward:.2f}), every layer "
+        rule = (f"The rule of thumb's {RULE_OF_THUMB:+.0%} (a third) assumes backward = 2 forwards (here {self.backward_per_forward:.2f}), every layer "
                 f"recomputed (here the checkpointed blocks are {self.blocks_share:.0%} of the forward) and no optimizer time (here "
                 f"{self.optimizer_share:.0%} of the update); from this machine's parts the recomputed forward should add "
                 f"{self.predicted:+.0%}.")
