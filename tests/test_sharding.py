@@ -95,3 +95,5 @@ def test_the_checks_refuse_bad_sizes_with_a_reason(digits):
         sharding_check(digits, epochs=1)
     with pytest.raises(ValueError, match="batch"):
         dataset_styles(digits, batch_size=0)
+    with pytest.raises(ValueError, match="at least 2 epochs"):
+        dataset_styles(digits, epochs=1)
