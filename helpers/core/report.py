@@ -170,9 +170,10 @@ class Report:
         if "columns" in cls.__dict__:
             raise TypeError(f"{cls.__name__} sets `columns`: {_NO_COLUMNS}")
 
-    def __init__(self, rows: Sequence[Any], notes: Sequence[str] = ()):
+    def __init__(self, rows: Sequence[Any], notes: Sequence[str] = (), notice: str | None = None):
         self.rows = list(rows)
         self.notes = list(notes)
+        self.notice = notice  # a GPU-only demo's one-line "ran on the CPU" notice (helpers.core.device.gpu_notice), or None
         types = {type(r) for r in self.rows}
         if len(types) > 1 or not all(dataclasses.is_dataclass(t) for t in types):
             raise TypeError(f"{type(self).__name__}: rows must be instances of one dataclass, got "

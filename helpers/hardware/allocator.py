@@ -23,10 +23,6 @@ class AllocatorDemo(Report):
 
     title = "memory_allocated vs memory_reserved"
 
-    def __init__(self, rows, notice: str | None):
-        super().__init__(rows)
-        self.notice = notice
-
     def plot(self, ax=None):
         return plots.grouped_bars(
             [r.stage for r in self.rows],
@@ -69,4 +65,4 @@ def caching_allocator_demo(device: str | torch.device | None = None, mib: int = 
         readings.append(read(f"after allocating {mib} MiB"))
         del x
         readings.append(read("after del"))
-    return AllocatorDemo(readings, notice)
+    return AllocatorDemo(readings, notice=notice)

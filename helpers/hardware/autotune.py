@@ -25,8 +25,7 @@ class ConvAutotune(Report):
     title = "Convolution: autotuning off vs on"
 
     def __init__(self, rows, notice: str | None):
-        super().__init__(rows)
-        self.notice = notice
+        super().__init__(rows, notice=notice)
         self.forward_speedup = rows[0].forward_seconds / rows[1].forward_seconds
         self.forward_backward_speedup = rows[0].forward_backward_seconds / rows[1].forward_backward_seconds
 

@@ -116,8 +116,7 @@ class ShapeEffect(MatmulSweep):
     title = "Matmul at an aligned vs an unaligned size"
 
     def __init__(self, rows, notice: str | None = None):
-        super().__init__(rows)
-        self.notice = notice
+        super().__init__(rows, notice=notice)
         self.slowdown = rows[1].seconds / rows[0].seconds
 
     def table(self) -> str:

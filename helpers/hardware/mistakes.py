@@ -27,9 +27,8 @@ class Mistakes(Report):
     title = "Benchmarking mistakes: wrong vs right"
 
     def __init__(self, rows, device: torch.device, notice: str | None):
-        super().__init__(rows)
+        super().__init__(rows, notice=notice)
         self.device = device
-        self.notice = notice
 
     def plot(self, ax=None):
         return plots.grouped_bars(

@@ -25,10 +25,6 @@ class TransferSweep(Report):
 
     title = "Copy bandwidth"
 
-    def __init__(self, rows, notice: str | None):
-        super().__init__(rows)
-        self.notice = notice
-
     def plot(self, ax=None):
         sizes = [r.size_bytes / 2**20 for r in self.rows]
         series = {"host copy": (sizes, [r.host_copy_gbs for r in self.rows])}
@@ -66,7 +62,7 @@ def transfer_sweep(sizes_mib: Sequence[float] | None = None, device: str | torch
             pageable = _bandwidth(lambda: dst.copy_(src), nbytes, device, min_run_time)
             pinned = _bandwidth(lambda: dst.copy_(pinned_src, non_blocking=True), nbytes, device, min_run_time)
         rows.append(TransferPoint(nbytes, pageable, pinned, host))
-    return TransferSweep(rows, notice)
+    return TransferSweep(rows, notice=notice)
 
 
 @dataclass
@@ -79,10 +75,6 @@ class Overlap(Report):
     """Copying batches to the device while computing on the previous ones."""
 
     title = "Overlapping host-to-device copies with compute"
-
-    def __init__(self, rows, notice: str | None):
-        super().__init__(rows)
-        self.notice = notice
 
     def plot(self, ax=None):
         ax = plots.new_axes(ax, title=self.title, xlabel="milliseconds")
@@ -113,7 +105,7 @@ def copy_compute_overlap(device: str | torch.device | None = None, batches: int 
         copy_s = timeit(lambda: [t.copy_(h) for t, h in zip(targets, host)], min_run_time=0.2).median
         compute_s = timeit(lambda: [compute() for _ in range(batches)], min_run_time=0.2).median
         rows = [OverlapRow("copies only (host->host)", copy_s), OverlapRow("compute only", compute_s), OverlapRow("copy then compute (sum)", copy_s + compute_s)]
-        return Overlap(rows, notice)
+        return Overlap(rows, notice=notice)
 
     pinned = [h.pin_memory() for h in host]
     targets = [torch.empty(numel, device=device) for _ in range(batches)]
@@ -151,4 +143,4 @@ def copy_compute_overlap(device: str | torch.device | None = None, batches: int 
         OverlapRow("non_blocking from pinned memory, side stream", measure(overlapped_pinned)),
         OverlapRow("ideal: max(copies, compute)", max(copy_s, compute_s)),
     ]
-    return Overlap(rows, notice)
+    return Overlap(rows, notice=notice)

@@ -153,10 +153,6 @@ class ProfilePatterns(Report):
 
     title = "Profile patterns: diagnosis from the profile, and the fix measured"
 
-    def __init__(self, rows, notice: str | None):
-        super().__init__(rows)
-        self.notice = notice
-
     def plot(self, ax=None):
         """Each program on the map a diagnosis reads: ops per step against the median op's duration."""
         points = {r.expected: (r.metrics.ops_per_step, max(r.metrics.median_op_us, 0.1)) for r in self.rows}
@@ -198,4 +194,4 @@ def profile_patterns(
     device = pick_device(device)
     notice = gpu_notice("the GPU view of the patterns (kernel time, host-device stalls)", device)
     programs = [make_compute_bound(device, compute_n), make_launch_bound(device, launch_samples), make_sync_bound(device, length=decode_length)]
-    return ProfilePatterns([diagnose_program(p, device, steps, min_run_time) for p in programs], notice)
+    return ProfilePatterns([diagnose_program(p, device, steps, min_run_time) for p in programs], notice=notice)
