@@ -10,7 +10,7 @@ import nbformat
 import pytest
 import yaml
 
-from helpers.course.notebooks import find_notebooks, has_outputs
+from helpers.course.notebooks import find_notebooks, has_outputs, is_clean
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -27,6 +27,12 @@ def test_stored_notebooks_have_no_outputs():
     assert notebooks, "found no notebooks at all"
     dirty = [str(p.relative_to(ROOT)) for p in sorted(notebooks) if p.exists() and has_outputs(p)]
     assert not dirty, f"notebooks stored with outputs (run `make strip`): {dirty}"
+
+
+def test_stored_notebooks_are_what_make_strip_writes():
+    """Kernel metadata included: a notebook stored in this form opens unmodified in `make lab` (test_lab_browser)."""
+    unclean = [str(p.relative_to(ROOT)) for p in sorted(stored_notebooks()) if p.exists() and not is_clean(p)]
+    assert not unclean, f"notebooks not stored as `make strip` writes them (run `make strip`): {unclean}"
 
 
 @pytest.mark.parametrize("notebook", find_notebooks(ROOT / "lectures"), ids=lambda p: p.name)
