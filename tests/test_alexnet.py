@@ -108,7 +108,8 @@ def test_a_redraw_draws_the_same_chart_whatever_came_before():
 
     explorer = alexnet_explorer(batch_size=128)
     stray = plt.figure(figsize=(3, 2))  # another figure is current, and the defaults changed, as in a busy notebook
-    with plt.rc_context({"figure.figsize": (4, 3), "figure.dpi": 72, "savefig.bbox": None}):
+    with plt.rc_context({"figure.figsize": (4, 3), "figure.dpi": 72, "savefig.bbox": None, "font.size": 20, "axes.grid": False,
+                         "patch.linewidth": 3, "legend.fontsize": 4}):
         explorer.batch.value = 256
     plt.close(stray)
     fresh = alexnet_explorer(batch_size=256)

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import uuid
 from pathlib import Path
 
 import nbformat
@@ -59,7 +60,8 @@ def lab_url(tmp_path_factory):
                 if time.monotonic() > deadline or process.poll() is not None:
                     pytest.fail(f"JupyterLab did not start within 120 s; its log: {Path(log.name).read_text()[-2000:]}")
                 time.sleep(0.5)
-        yield root, lambda path: f"{base}/lab/tree/{path}?token={token}"
+        # Each page gets a workspace of its own, reset, so no tab another test opened is restored beside it.
+        yield root, lambda path: f"{base}/lab/workspaces/{uuid.uuid4().hex}/tree/{path}?reset&token={token}"
     finally:
         stop_tree(process.pid)
         process.wait(timeout=30)

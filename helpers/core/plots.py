@@ -5,9 +5,11 @@ need matplotlib directly.
 """
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import Mapping, Sequence
+from typing import Iterator, Mapping, Sequence
 
+import matplotlib
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.ticker import Formatter, FuncFormatter, LogLocator, MaxNLocator, NullFormatter
@@ -61,6 +63,18 @@ CYCLE = ["#1f77b4", "#2ca02c", "#ff7f0e", "#d62728", "#9467bd", "#8c564b", "#e37
 def apply_style() -> None:
     """Install the kit's matplotlib defaults (called on import)."""
     plt.rcParams.update(STYLE)
+
+
+@contextlib.contextmanager
+def fixed_style() -> Iterator[None]:
+    """Within the block: matplotlib's defaults plus the kit's style, whatever the session changed (restored after).
+
+    For images that must not depend on the state of the kernel that draws them (the live widgets' charts).
+    """
+    with matplotlib.rc_context():
+        matplotlib.rcdefaults()
+        plt.rcParams.update(STYLE)
+        yield
 
 
 def color_for(label: str, index: int = 0) -> str:

@@ -7,6 +7,7 @@ if its parent dies (Linux), and is stopped when its owner ends.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -37,6 +38,23 @@ def die_with_parent() -> None:
     if sys.platform.startswith("linux"):
         PR_SET_PDEATHSIG = 1
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def redirect_output(log_path: str | Path, append: bool = True) -> None:
+    """Send this process's stdout and stderr, Python's and C's, to ``log_path`` (line-buffered; ``append=False`` truncates).
+
+    For a child process whose output belongs in a log: the descriptors 1 and 2 are re-pointed, and
+    sys.stdout/sys.stderr rebound to them (the parent's may have been something else: a notebook, pytest).
+    """
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
+    fd = os.open(log_path, flags, 0o644)
+    for stream, target in ((sys.stdout, 1), (sys.stderr, 2)):
+        with contextlib.suppress(Exception):
+            stream.flush()
+        os.dup2(fd, target)
+    os.close(fd)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)
 
 
 def stop_tree(pid: int, grace: float = 3.0) -> None:

@@ -15,6 +15,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from helpers.core.device import pick_device
 from helpers.core.fake import ExampleInput, batch_size_of, first_device, split_args
 
 AMP_DTYPES = {"fp16": torch.float16, "float16": torch.float16, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
@@ -31,7 +32,7 @@ def resolve_amp(amp: bool | str | torch.dtype | None, device: str | torch.device
     if amp is None or amp is False:
         return None
     if amp is True:
-        kind = torch.device(device).type if device is not None else "cpu"
+        kind = torch.device(device).type if device is not None else pick_device(None).type  # a named device as named
         return torch.float16 if kind == "cuda" else torch.bfloat16
     if isinstance(amp, torch.dtype) and amp in AMP_DTYPES.values():
         return amp

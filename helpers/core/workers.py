@@ -12,7 +12,6 @@
 """
 from __future__ import annotations
 
-import contextlib
 import multiprocessing as mp
 import os
 import pickle
@@ -32,6 +31,8 @@ import cloudpickle
 import psutil
 import torch
 import torch.distributed as dist
+
+from helpers.core.procs import redirect_output
 
 HOST = "127.0.0.1"
 # What the forkserver imports before it forks workers. Nothing here may initialise CUDA: a child forked
@@ -301,9 +302,9 @@ class _WorkerSpec:
 def _worker_main(spec: _WorkerSpec, conn) -> None:
     """Entry point of a worker process: join the group, run the function, send back its result or failure."""
     _exit_when_orphaned(spec.launcher_pid)
-    _redirect_output(spec.log_path)
+    redirect_output(spec.log_path)
     torch.set_num_threads(spec.threads)
-    if "GLOO_SOCKET_IFNAME" not in os.environ and (loopback := _loopback_interface()):
+    if "GLOO_SOCKET_IFNAME" not in os.environ and (loopback := loopback_interface()):
         os.environ["GLOO_SOCKET_IFNAME"] = loopback  # one machine: talk over loopback, whatever the hostname resolves to
     try:
         fn, args, kwargs = cloudpickle.loads(spec.payload)
@@ -335,18 +336,6 @@ def _pickle_or_none(err: BaseException) -> bytes | None:
         return None
 
 
-def _redirect_output(log_path: str) -> None:
-    """Send this process's stdout and stderr (Python's and C's) to its log file, line-buffered."""
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    for stream, target in ((sys.stdout, 1), (sys.stderr, 2)):
-        with contextlib.suppress(Exception):
-            stream.flush()
-        os.dup2(fd, target)
-    os.close(fd)
-    sys.stdout = open(1, "w", buffering=1, closefd=False)
-    sys.stderr = open(2, "w", buffering=1, closefd=False)
-
-
 def _exit_when_orphaned(launcher_pid: int, poll_s: float = 0.2) -> None:
     """Exit as soon as the launching process is gone, even if it was killed outright.
 
@@ -372,7 +361,7 @@ def _exit_when_orphaned(launcher_pid: int, poll_s: float = 0.2) -> None:
     threading.Thread(target=watch, name="edl-orphan-watch", daemon=True).start()
 
 
-def _loopback_interface() -> str | None:
+def loopback_interface() -> str | None:
     """The name of the network interface holding 127.0.0.1 ('lo' on Linux, 'lo0' on macOS)."""
     for name, addresses in psutil.net_if_addrs().items():
         if any(a.address == HOST for a in addresses):

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from helpers.core.procs import stop_tree
+from helpers.core.procs import redirect_output, stop_tree
 from helpers.core.report import Report, column
 from helpers.course import assignments
 from helpers.course.autograde import STATUS_FILE, AutogradeReport, Outcome, read_status, write_status  # noqa: F401 - the grading API
@@ -146,12 +146,7 @@ def _nbgrader_main(root: str, argv: list[str], log_path: str) -> None:
     os.chdir(root)
     # nbgrader calls `alembic` (and the kernel is started) through PATH: put this environment's bin/ first.
     os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-    with open(log_path, "w") as log:
-        os.dup2(log.fileno(), 1)
-        os.dup2(log.fileno(), 2)
-    # The parent's sys.stdout/stderr may not be these descriptors (a notebook, pytest's capture): rebind them.
-    sys.stdout = open(1, "w", buffering=1, closefd=False)
-    sys.stderr = open(2, "w", buffering=1, closefd=False)
+    redirect_output(log_path, append=False)
     from nbgrader.apps.nbgraderapp import NbGraderApp
 
     NbGraderApp.launch_instance(argv=argv)

@@ -31,7 +31,7 @@ from helpers.core.data import Digits, normalise
 from helpers.core.paths import build_dir
 from helpers.core.procs import LOOPBACK, free_port, start_process, stop_tree
 from helpers.core.report import Report, column, format_seconds
-from helpers.core.workers import _loopback_interface, launch
+from helpers.core.workers import launch, loopback_interface
 from helpers.distributed.elastic_train import DATA, FINAL, train
 
 SCRIPT = "helpers.distributed.elastic_train"
@@ -59,7 +59,7 @@ def _environment() -> dict[str, str]:
     """This interpreter's folder first on PATH, one thread per worker, the agent's restarts in its log, loopback only."""
     env = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
            "OMP_NUM_THREADS": "1", "LOGLEVEL": "INFO", "PYTHONUNBUFFERED": "1"}
-    if "GLOO_SOCKET_IFNAME" not in os.environ and (loopback := _loopback_interface()):
+    if "GLOO_SOCKET_IFNAME" not in os.environ and (loopback := loopback_interface()):
         env["GLOO_SOCKET_IFNAME"] = loopback
     return env
 

@@ -14,6 +14,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from torch import nn
 
+from helpers.core import plots
 from helpers.hardware.alexnet import FIGURE_SIZE, PRECISIONS, AlexNetCase, profile_layer_alexnet
 
 
@@ -60,15 +61,16 @@ class AlexNetExplorer:
 def render_png(report: AlexNetCase) -> bytes:
     """The case study's chart as PNG bytes, drawn on a figure of its own with fixed size and resolution.
 
-    Nothing depends on pyplot's current figure or on the inline backend's settings at the moment of a
-    slider event, so every redraw of the same state gives the same image.
+    Nothing depends on pyplot's current figure, the inline backend's settings or rcParams the session
+    changed at the moment of a slider event, so every redraw of the same state gives the same image.
     """
-    figure = Figure(figsize=FIGURE_SIZE, dpi=100)
-    FigureCanvasAgg(figure)
-    left, right = figure.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
-    report.draw(left, right)
     buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=100, bbox_inches="tight")
+    with plots.fixed_style():
+        figure = Figure(figsize=FIGURE_SIZE, dpi=100)
+        FigureCanvasAgg(figure)
+        left, right = figure.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
+        report.draw(left, right)
+        figure.savefig(buffer, format="png", dpi=100, bbox_inches="tight")
     return buffer.getvalue()
 
 
