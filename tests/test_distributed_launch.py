@@ -221,7 +221,10 @@ def test_no_worker_outlives_its_parent(how, tmp_path):
     script.write_text(SCRIPT)
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
-    parent = subprocess.Popen([sys.executable, str(script), str(pid_dir)], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    # SIGINT back to its default in the child: a suite started in the background (`make test &`) passes SIGINT on
+    # ignored, and a Python started that way never raises KeyboardInterrupt, whatever the code under test does.
+    parent = subprocess.Popen([sys.executable, str(script), str(pid_dir)], cwd=ROOT, stderr=subprocess.PIPE, text=True,
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         workers = wait_for_pids(pid_dir, 3)
         family = psutil.Process(parent.pid).children(recursive=True)

@@ -77,7 +77,8 @@ def test_when_the_caller_dies_or_is_interrupted_torchrun_and_its_workers_go_too(
     torch.save(digits, tmp_path / "digits.pt")
     code = ("import torch, sys; from helpers.distributed import run_elastic; "
             f"run_elastic('long', {str(run_dir)!r}, torch.load({str(tmp_path / 'digits.pt')!r}, weights_only=False), steps=10**6, timeout=600)")
-    caller = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT)
+    # SIGINT back to its default in the child (a suite started in the background passes it on ignored).
+    caller = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 120
         while not list((run_dir / "events").glob("*.jsonl")) and time.monotonic() < deadline:
