@@ -224,10 +224,10 @@ def measure_launch_overhead(
             rows.append(_not_available(GRAPH, GRAPH_NEEDS_GPU))
         spent = 0.0
         for name, mode in ((COMPILED, None), (REDUCE_OVERHEAD, "reduce-overhead")):
-            if not compile:
-                rows.append(_not_available(name, "not measured (compile=False)"))
-            elif mode == "reduce-overhead" and not is_gpu(device):
+            if mode == "reduce-overhead" and not is_gpu(device):
                 rows.append(_not_available(name, f"{GRAPH_NEEDS_GPU}; on a CPU this mode compiles as the default does"))
+            elif not compile:
+                rows.append(_not_available(name, "not measured (compile=False)"))
             elif spent >= compile_budget_s:
                 rows.append(_not_available(name, f"skipped: the compile budget of {compile_budget_s:.0f} s is spent"))
             else:

@@ -47,6 +47,25 @@ def timer_agreement(n: int = 1024, rounds: int = 5, min_run_time: float = 0.5) -
     return report
 
 
+def event_loop_gflops(n: int, dtype: torch.dtype, device: str | torch.device = "cuda", warmups: int = 10, products: int = 50) -> float:
+    """GFLOP/s of an n x n product timed the plainest way: ``warmups`` calls, then CUDA events around ``products``
+    back-to-back calls. The sweep's timer must agree with it: a timer that adds its own overhead would not."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise ValueError(f"event_loop_gflops: CUDA events time GPU work only, got device {device}; run it on a machine with a GPU")
+    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
+    for _ in range(warmups):
+        torch.matmul(a, b)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(products):
+        torch.matmul(a, b)
+    end.record()
+    end.synchronize()
+    seconds = start.elapsed_time(end) / 1e3 / products  # elapsed_time is in milliseconds
+    return 2 * n**3 / seconds / 1e9
+
+
 def run(quick: bool) -> BenchResult:
     agreement = timer_agreement(n=512 if quick else 1024, rounds=3 if quick else 5, min_run_time=0.2 if quick else 0.5)
     sweep = matmul_sweep(sizes=(64, 256) if quick else None, min_run_time=0.05 if quick else 0.2)
@@ -57,12 +76,17 @@ def run(quick: bool) -> BenchResult:
         targets = [Target.at_most(agreement_target, agreement.difference_pct, 10, "%")]
     reports = [agreement, sweep]
     bf16_target = ("bf16 matmul n=8192, % of dense peak", ">= 70%")
+    event_target = ("bf16 matmul n=8192, sweep vs a plain CUDA-event loop, |difference| %", "<= 5%")
     if not gpu_available() or quick:
-        targets.append(Target.not_here(*bf16_target, "no GPU here" if not gpu_available() else "quick run"))
+        why = "no GPU here" if not gpu_available() else "quick run"
+        targets += [Target.not_here(*bf16_target, why), Target.not_here(*event_target, why)]
     elif peak_flops("cuda", "bf16") is None:
         targets.append(Target.not_here(*bf16_target, "this GPU's peak is not in helpers/hardware_specs.py"))
     else:
         reports.append(tensor_core_shapes())
         point = next((p for p in sweep.rows if (p.device, p.dtype, p.n) == ("cuda", "bf16", 8192)), None)
         targets.append(Target.at_least(bf16_target[0], point.pct_of_peak if point else None, 70, "%"))
+        plain = event_loop_gflops(8192, torch.bfloat16)
+        sweep.notes.append(f"the same bf16 n=8192 product timed by a plain CUDA-event loop (10 warm-ups, 50 products): {plain:,.0f} GFLOP/s")
+        targets.append(Target.at_most(event_target[0], 100 * abs(point.gflops / plain - 1) if point else None, 5, "%"))
     return BenchResult("matmul", reports, targets)
