@@ -1,6 +1,8 @@
 """helpers.training.amp: bytes per parameter and activations of a training step (via training_memory), fp32 vs AMP."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch import nn
@@ -51,3 +53,29 @@ def test_fp16_path_with_a_grad_scaler_runs_on_the_cpu_too():
     report = amp.amp_comparison(_mlp(32), torch.randn(64, 32), "cpu", amp="fp16", min_run_time=0.02)
     assert report.amp.mode == "AMP fp16"
     assert report.amp.memory.bytes_per_parameter == pytest.approx(16, abs=0.1)
+
+
+def test_the_speed_sentence_follows_the_measured_speed_up_and_the_devices_support():
+    report = amp.amp_comparison(_mlp(), torch.randn(128, 64), "cpu", min_run_time=0.02)
+    measured = report.speed_sentence()
+    assert f"{report.amp.speedup:.2f}x" in measured or f"{1 / report.amp.speedup:.2f}x" in measured
+    for speedup, words in ((2.5, "2.50x as fast"), (1.0, "at fp32's speed"), (0.5, "slower than fp32 (2.00x its time)")):
+        report.amp = dataclasses.replace(report.amp, speedup=speedup)
+        assert words in report.speed_sentence()
+    report.native_low = False
+    assert "no native bf16 arithmetic" in report.speed_sentence()  # a slow step on a CPU without bf16 units says why
+
+
+def test_compute_bound_width_sizes_layers_from_the_gpus_peak(monkeypatch):
+    assert amp.compute_bound_width("cpu", 4096) == 256
+    monkeypatch.setattr(amp, "pick_device", lambda device: torch.device("cuda"))
+    monkeypatch.setattr(amp, "is_gpu", lambda device: True)
+    monkeypatch.setattr(amp, "resolve_amp", lambda wanted, device: torch.float16)
+    monkeypatch.setattr(amp, "peak_flops", lambda device, dtype: {"fp16": 989.4e12}.get(dtype))  # an H100 SXM's dense fp16
+    # sqrt(2e-4 s x 989.4e12 FLOP/s / (2 x 4096)) = 4,915, rounded to 38 tiles of 128
+    assert amp.compute_bound_width("cuda", 4096) == 4864
+    assert amp.compute_bound_width("cuda", 4096, busy_seconds=1e-9) == 128  # never below one tile
+    monkeypatch.setattr(amp, "peak_flops", lambda device, dtype: None)
+    assert amp.compute_bound_width("cuda", 4096) == 4096
+    with pytest.raises(ValueError, match="batch"):
+        amp.compute_bound_width("cuda", 0)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.autograd import DeviceType
+from torch.autograd.profiler_util import EventList, FunctionEvent
 
 from helpers.training import classify_kernel, cnn_training_step, kernels_by_class
 from helpers.training.kernel_table import (
@@ -19,8 +21,10 @@ from helpers.training.kernel_table import (
     GPU_CLASSES,
     PLAIN_MATMUL,
     TENSOR_CORE,
+    gpu_kernel_times,
     parse_onednn_log,
 )
+from helpers.training.profiling import op_costs
 
 GPU_NAMES = [
     ("volta_h884gemm_128x128_ldg8_nn", TENSOR_CORE),
@@ -32,6 +36,8 @@ GPU_NAMES = [
     ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas", TENSOR_CORE),
     ("sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x32_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas", TENSOR_CORE),
     ("nvjet_tst_128x8_64x12_2x1_v_bz_splitK_TNT", TENSOR_CORE),
+    ("nvjet_sm90_tst_168x128_64x5_1x2_h_bz_TNN", TENSOR_CORE),  # cuBLAS 13 (torch's cu130 wheels) names the architecture first
+    ("nvjet_sm90_sss_128x64_64x8_1x2_h_bz_TNN", PLAIN_MATMUL),
     ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 128, 4, false, false, cutlass::bfloat16_t, "
      "Flash_kernel_traits<64, 128, 128, 4, cutlass::bfloat16_t> >, false, false, false, false, true, true, false>(Flash_fwd_params)", TENSOR_CORE),
     ("ampere_sgemm_128x64_nn", PLAIN_MATMUL),
@@ -128,3 +134,33 @@ def test_an_fp16_matmul_on_a_gpu_runs_a_kernel_named_as_a_tensor_core_kernel():
     report = kernels_by_class(lambda: a @ a, steps=3, device="cuda", label="fp16 matmul")
     assert [r.kernel_class for r in report.rows] == list(GPU_CLASSES)
     assert report.find(kernel_class=TENSOR_CORE).share > 0.5, report.table()
+
+
+def _gpu_profile():
+    """A GPU step's profile as torch.profiler reports it (built from torch's own event classes): two ops with the kernels
+    they launched, the kernels again as GPU rows, and the optimizer's record_function range on both sides."""
+    def event(i, name, start_us, end_us, device_type=DeviceType.CPU, annotation=False):
+        return FunctionEvent(id=i, name=name, thread=0, start_us=start_us, end_us=end_us, use_device="cuda", device_type=device_type,
+                             is_user_annotation=annotation, stack=[], input_shapes=[])
+
+    gemm, add = "nvjet_sm90_tst_128x64_64x8_1x2_h_bz_TNT", "vectorized_elementwise_kernel"
+    mm, add_op = event(1, "aten::mm", 0, 10), event(2, "aten::add_", 10, 12)
+    mm.append_kernel(gemm, 0, 300)
+    add_op.append_kernel(add, 0, 100)
+    events = EventList([mm, add_op, event(3, "Optimizer.step#SGD.step", 9, 13), event(4, gemm, 20, 320, DeviceType.CUDA),
+                        event(5, add, 330, 430, DeviceType.CUDA), event(6, "Optimizer.step#SGD.step", 320, 440, DeviceType.CUDA, True)],
+                       use_device="cuda")
+    events._build_tree()
+    return events.key_averages()
+
+
+def test_gpu_kernel_time_counts_each_kernel_once_and_no_profiler_range():
+    timed = dict((name, seconds) for name, _, seconds in gpu_kernel_times(_gpu_profile()))
+    assert timed == {"nvjet_sm90_tst_128x64_64x8_1x2_h_bz_TNT": pytest.approx(300e-6), "vectorized_elementwise_kernel": pytest.approx(100e-6)}
+
+
+def test_op_shares_on_a_gpu_are_of_the_kernel_time_and_add_up_to_it():
+    costs = {c.op: c for c in op_costs(_gpu_profile(), on_gpu=True)}
+    assert set(costs) == {"aten::mm", "aten::add_", "Optimizer.step#SGD.step"}  # ops only: no kernel listed beside its op
+    assert costs["aten::mm"].self_share == pytest.approx(0.75) and costs["aten::add_"].self_share == pytest.approx(0.25)
+    assert sum(c.self_share for c in costs.values()) == pytest.approx(1.0)

@@ -69,11 +69,30 @@ def cpu_read_gbs(nbytes: int) -> float:
     return buffer.nbytes * repeats / best / 1e9
 
 
+COPIES_PER_LAUNCH = 20
+
+
 def gpu_copy_gbs(nbytes: int, device: torch.device) -> float:
-    """Bandwidth in GB/s (bytes read + bytes written) of copying a buffer of ``nbytes`` on the GPU."""
+    """Bandwidth in GB/s (bytes read + bytes written) of copying a buffer of ``nbytes`` on the GPU.
+
+    A copy that fits in L2 takes a few microseconds, about as long as the CPU
+    needs to launch it, so one launch per copy would time the launches: the
+    copies are recorded in a CUDA graph, ``COPIES_PER_LAUNCH`` of them, and
+    the graph is replayed (warm-up on a side stream first, as PyTorch's
+    documentation prescribes for capture).
+    """
     source = torch.ones(max(nbytes // 4, 1024), device=device)
     target = torch.empty_like(source)
-    seconds = timeit(target.copy_, source, device=device, min_run_time=0.1).median
+    side = torch.cuda.Stream(device=device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        target.copy_(source)
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(COPIES_PER_LAUNCH):
+            target.copy_(source)
+    seconds = timeit(graph.replay, device=device, min_run_time=0.1).median / COPIES_PER_LAUNCH
     return 2 * source.nbytes / seconds / 1e9
 
 
@@ -109,8 +128,8 @@ def _gpu_spaces(device: torch.device, measure: bool) -> tuple[list[MemorySpace],
     rows = [
         MemorySpace("registers", f"per SM, x{sms} SMs", props.regs_per_multiprocessor * 4, None, None, "not measured: read every cycle"),
         MemorySpace("shared memory / L1", f"per SM, x{sms} SMs", props.shared_memory_per_multiprocessor, None, None, "not measured (an exercise: a Triton kernel that reads one block repeatedly)"),
-        MemorySpace("L2 cache", "whole GPU", props.L2_cache_size, gpu_copy_gbs(in_l2, device) if measure else None, None, f"copy a {format_bytes(in_l2)} tensor (read + write)"),
-        MemorySpace("HBM (GPU memory)", "whole GPU", props.total_memory, gpu_copy_gbs(in_hbm, device) if measure else None, hbm_sheet / 1e9 if hbm_sheet else None, f"copy a {format_bytes(in_hbm)} tensor (read + write)"),
+        MemorySpace("L2 cache", "whole GPU", props.L2_cache_size, gpu_copy_gbs(in_l2, device) if measure else None, None, f"copy a {format_bytes(in_l2)} tensor (read + write), {COPIES_PER_LAUNCH} copies per graph launch"),
+        MemorySpace("HBM (GPU memory)", "whole GPU", props.total_memory, gpu_copy_gbs(in_hbm, device) if measure else None, hbm_sheet / 1e9 if hbm_sheet else None, f"copy a {format_bytes(in_hbm)} tensor (read + write), {COPIES_PER_LAUNCH} copies per graph launch"),
     ]
     notes = [
         f"This GPU: {sms} streaming multiprocessors (SMs); threads run in warps of {props.warp_size}; "

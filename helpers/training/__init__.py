@@ -7,7 +7,7 @@ from helpers.core.lazy import lazy_exports
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     ".precision": ["TENSOR_CORE_MULTIPLES", "autocast_ops", "dynamic_loss_scaling", "loss_scaling",
                    "number_formats", "tensor_core_alignment"],
-    ".amp": ["amp_comparison", "step_memory"],
+    ".amp": ["amp_comparison", "compute_bound_width", "step_memory"],
     ".data_pipelines": ["BucketBatchSampler", "pad_batch", "padding_strategies", "storage_formats",
                         "synthetic_images"],
     ".sequences": ["PAD", "pad_to", "padding_share", "synthetic_sequences"],

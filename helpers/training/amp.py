@@ -11,11 +11,13 @@ import torch
 from torch import nn
 
 from helpers.core import plots
-from helpers.core.device import gpu_notice, pick_device
+from helpers.core.device import fast_dtypes, gpu_notice, is_gpu, peak_flops, pick_device
 from helpers.core.memory import make_optimizer, training_memory
 from helpers.core.report import Report, column, format_bytes, format_seconds
 from helpers.core.step import amp_name, resolve_amp, training_step
 from helpers.core.timing import timeit
+
+SAME_SPEED = 1.1  # a speed-up within this factor of 1 counts as no change
 
 
 @dataclass
@@ -94,13 +96,30 @@ class AmpComparison(Report):
     """fp32 against AMP on one model: step time, and memory by category."""
 
     title = "fp32 vs automatic mixed precision: one training step"
-    def __init__(self, rows, notice: str | None):
+
+    def __init__(self, rows, notice: str | None, device: torch.device, native_low: bool):
         fp32, amp = rows
         notes = [f"activations: {amp.memory.activation_bytes / fp32.memory.activation_bytes:.2f}x of fp32; "
                  f"weights + gradients + optimizer state: {amp.memory.bytes_per_parameter:.1f} vs {fp32.memory.bytes_per_parameter:.1f} bytes per parameter"]
         super().__init__(rows, notes)
         self.notice = notice
         self.fp32, self.amp = fp32, amp
+        self.device, self.native_low = device, native_low
+
+    def speed_sentence(self) -> str:
+        """What AMP did to the step time here, and why, read from the measured speed-up and the device's 16-bit support."""
+        low, speedup = self.amp.mode.removeprefix("AMP "), self.amp.speedup
+        if speedup >= SAME_SPEED:
+            return (f"AMP ran the step {speedup:.2f}x as fast as fp32 on {self.device}: its matrix products ran in {low} on "
+                    "units built for it, and its 16-bit tensors moved half the bytes.")
+        if not self.native_low:
+            why = f"{self.device} has no native {low} arithmetic, so the 16-bit products are converted back to fp32 work"
+        else:
+            why = ("the step's products are too small to keep the 16-bit units busy: it is bound by kernel launches and "
+                   "memory traffic (Lecture 5b), and autocast adds casts of its own; on wider layers "
+                   "(compute_bound_width) the speed-up appears")
+        timing = f"at fp32's speed ({speedup:.2f}x)" if speedup > 1 / SAME_SPEED else f"slower than fp32 ({1 / speedup:.2f}x its time)"
+        return f"AMP ran the step {timing} on {self.device}: {why}. Its gain here is the activation memory."
 
     def plot(self, ax=None):
         parts = {
@@ -110,6 +129,21 @@ class AmpComparison(Report):
             "activations": [r.memory.activation_bytes / 2**20 for r in self.rows],
         }
         return plots.stacked_bars([r.mode for r in self.rows], parts, ax, title="Training memory by category", ylabel="MiB")
+
+
+def compute_bound_width(device: str | torch.device | None, batch: int, busy_seconds: float = 2e-4, cpu_width: int = 256) -> int:
+    """Width of square linear layers whose (batch x width) @ (width x width) products take ``busy_seconds`` each at
+    the device's 16-bit peak: far longer than a kernel launch (a few us), so AMP's faster units show in the step time.
+    A multiple of 128 (tensor-core tiles). A CPU gets ``cpu_width``; a GPU whose peak the kit does not know, 4096."""
+    device = pick_device(device)
+    if not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"compute_bound_width: batch={batch!r}; give the rows per step as a positive int")
+    if not is_gpu(device):
+        return cpu_width
+    peak = peak_flops(device, amp_name(resolve_amp(True, device)))
+    if peak is None:
+        return 4096
+    return max(128, round((busy_seconds * peak / (2 * batch)) ** 0.5 / 128) * 128)
 
 
 def amp_comparison(
@@ -135,4 +169,4 @@ def amp_comparison(
         seconds = timeit(training_step, net, opt, x, amp_dtype=dtype, scaler=scaler, device=device, min_run_time=min_run_time).median
         memory = _step_memory(model, example_input, optimizer, dtype, device)
         rows.append(PrecisionRun(memory.mode, seconds, rows[0].step_seconds / seconds if rows else 1.0, memory))
-    return AmpComparison(rows, notice)
+    return AmpComparison(rows, notice, device, amp_name(low) in fast_dtypes(device))

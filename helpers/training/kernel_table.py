@@ -27,6 +27,7 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 from helpers.core import plots  # noqa: E402
 from helpers.core.device import DTYPES, cpu_threads, is_gpu, pick_device, synchronize  # noqa: E402
 from helpers.core.report import Report, column, format_seconds  # noqa: E402
+from helpers.training.profiling import is_gpu_kernel  # noqa: E402
 
 # ---------------------------------------------------------------- classes and the name patterns behind them
 
@@ -61,9 +62,9 @@ GPU_RULES: tuple[tuple[str, str, str], ...] = (
     (TENSOR_CORE, r"xmma.*(?:tf32|f16|e4m3|e5m2|i8|f64)",
      "NVIDIA's xmma kernels spell the data types out (sm90_xmma_gemm_bf16bf16_..., _f32f32_tf32f32_...): a 16-bit, "
      "8-bit, TF32 or FP64 type runs on tensor cores; plain f32f32_f32 is left unmarked"),
-    (TENSOR_CORE, r"nvjet_[a-z]*[htbeq][a-z]*_",
-     "cuBLAS 12.x's nvjet kernels carry a type code (nvjet_tst_, nvjet_hsh_): a 16-bit or 8-bit letter means "
-     "tensor cores; an all-fp32 code (sss) says nothing either way"),
+    (TENSOR_CORE, r"nvjet_(?:sm\d+_)?[a-z]*[htbeq][a-z]*_",
+     "cuBLAS's nvjet kernels carry a type code (nvjet_tst_, nvjet_hsh_; cuBLAS 13 puts the architecture first: "
+     "nvjet_sm90_tst_): a 16-bit or 8-bit letter means tensor cores; an all-fp32 code (sss) says nothing either way"),
     (TENSOR_CORE, r"flash_fwd|flash_bwd|flash::|fmha.*(?:f16|bf16)",
      "FlashAttention kernels exist only for fp16/bf16 and are built on tensor-core MMA instructions"),
     (PLAIN_MATMUL, r"gemm|gemv|convolve|conv2d|conv3d|convolution|winograd|wgrad|dgrad|fprop|scudnn|cublas|nvjet|cutlass"
@@ -285,6 +286,12 @@ def _robust_cpu_times(events) -> list[tuple[str, int, float]]:
     return [(name, len(times), len(times) * statistics.median(times)) for name, times in calls.items() if statistics.median(times) > 0]
 
 
+def gpu_kernel_times(averages) -> list[tuple[str, int, float]]:
+    """(kernel, calls, seconds) of every GPU kernel, copy and fill in ``key_averages()``, by GPU time; the GPU-side
+    copies of record_function ranges (the optimizer's step, say) are left out, as they span kernels already counted."""
+    return [(a.key, a.count, a.self_device_time_total / 1e6) for a in averages if is_gpu_kernel(a) and a.self_device_time_total > 0]
+
+
 def kernels_by_class(step: Callable[[], object], steps: int = 5, device: str | torch.device | None = None, top: int = 8,
                      label: str = "step", onednn: bool = True, threads: int | None = None) -> KernelTable:
     """Profile ``steps`` calls of ``step`` (after one warm-up call) and sort what ran into classes by name.
@@ -311,8 +318,7 @@ def kernels_by_class(step: Callable[[], object], steps: int = 5, device: str | t
             synchronize(device)
         log = onednn_log(step) if onednn and not gpu else None
     if gpu:
-        timed = [(a.key, a.count, a.self_device_time_total / 1e6) for a in prof.key_averages()
-                 if a.device_type == DeviceType.CUDA and a.self_device_time_total > 0]
+        timed = gpu_kernel_times(prof.key_averages())
     else:
         timed = _robust_cpu_times(prof.events())
     rows, kernels = _class_rows(timed, device, GPU_CLASSES if gpu else CPU_CLASSES)

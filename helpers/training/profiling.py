@@ -24,6 +24,7 @@ os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
+from torch.autograd import DeviceType  # noqa: E402
 from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler  # noqa: E402
 
 from helpers.core.device import is_gpu, pick_device, synchronize  # noqa: E402
@@ -246,14 +247,33 @@ def torch_profile(step: Callable[[], object], steps: int = 5, device: str | torc
             synchronize(device)
             prof.step()
     traces = sorted(folder.glob("*.pt.trace.json"), key=lambda p: p.stat().st_mtime)
-    on_gpu = is_gpu(device)
-    averages = [a for a in prof.key_averages() if not a.key.startswith("ProfilerStep")]
-    self_time = (lambda a: a.self_device_time_total) if on_gpu else (lambda a: a.self_cpu_time_total)
-    total_time = (lambda a: a.device_time_total) if on_gpu else (lambda a: a.cpu_time_total)
-    whole = sum(self_time(a) for a in averages) or 1.0
-    ranked = sorted(averages, key=self_time, reverse=True)[:top]
-    rows = [OpCost(a.key, a.count, self_time(a) / 1e6, total_time(a) / 1e6, self_time(a) / whole) for a in ranked]
-    return OpProfile(rows, traces[-1] if traces else None, device, steps)
+    return OpProfile(op_costs(prof.key_averages(), is_gpu(device), top), traces[-1] if traces else None, device, steps)
+
+
+def is_gpu_kernel(average) -> bool:
+    """Whether a row of ``key_averages()`` is GPU work (a kernel, copy or fill) and not the GPU-side copy of a
+    ``record_function`` range (Optimizer.step#SGD.step, say), whose span covers the kernels inside it a second time."""
+    return average.device_type == DeviceType.CUDA and not average.is_user_annotation
+
+
+def op_costs(averages, on_gpu: bool, top: int = 10) -> list[OpCost]:
+    """The ``top`` ops of a profile by self time, each with its share.
+
+    On a GPU the ops are the CPU-side ones, ranked by the GPU time of the
+    kernels each launched, as a share of all kernel time; the kernel rows are
+    left out, since listing them beside their ops would count each kernel twice.
+    """
+    averages = [a for a in averages if not a.key.startswith("ProfilerStep")]
+    if on_gpu:
+        ops = [a for a in averages if a.device_type == DeviceType.CPU]
+        whole = sum(a.self_device_time_total for a in averages if is_gpu_kernel(a))
+        self_time, total_time = (lambda a: a.self_device_time_total), (lambda a: a.device_time_total)
+    else:
+        ops = averages
+        whole = sum(a.self_cpu_time_total for a in ops)
+        self_time, total_time = (lambda a: a.self_cpu_time_total), (lambda a: a.cpu_time_total)
+    ranked = sorted(ops, key=self_time, reverse=True)[:top]
+    return [OpCost(a.key, a.count, self_time(a) / 1e6, total_time(a) / 1e6, self_time(a) / (whole or 1.0)) for a in ranked]
 
 
 # ---------------------------------------------------------------- anomaly detection

@@ -1,7 +1,9 @@
 """training_memory on a transformer of more than a billion parameters built on the meta device: time and RAM.
 
-Each estimate runs in a fresh Python process, so its peak RSS (``ru_maxrss``, torch's
-import included) and its wall time (interpreter start included) are its own.
+Each estimate runs in a fresh Python process, so its peak RSS (torch's import included) and its
+wall time (interpreter start included) are its own. The peak is the process's VmHWM on Linux:
+``ru_maxrss`` would also count the parent's resident memory at the fork (Linux carries it over the
+exec), so a bench run that had grown large before this one would inflate it.
 """
 from __future__ import annotations
 
@@ -19,6 +21,12 @@ from . import BenchResult, Target
 ROOT = Path(__file__).resolve().parents[2]
 CHILD = """
 import json, resource, sys, time
+def peak_rss_bytes():
+    try:
+        with open("/proc/self/status") as status:  # this process image's own high-water mark
+            return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
 start = time.perf_counter()
 import torch
 from helpers.core.memory import training_memory
@@ -30,7 +38,7 @@ began = time.perf_counter()
 report = training_memory(model, model.example_input(batch, seq), optimizer, amp=amp)
 print(json.dumps({"parameters": count_parameters(model), "peak_bytes": report.peak_bytes, "phase": report.peak_phase,
                   "estimate_s": time.perf_counter() - began, "process_s": time.perf_counter() - start,
-                  "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+                  "max_rss_bytes": peak_rss_bytes()}))
 """
 
 
