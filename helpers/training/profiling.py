@@ -223,7 +223,7 @@ class OpProfile(Report):
 
     def __init__(self, rows, trace: Path | None, device: torch.device, steps: int):
         notes = [f"{steps} profiled steps on {device}; times are "
-                 + ("GPU kernel time" if is_gpu(device) else "CPU time")]
+                 + ("the GPU time of the kernels each op launched, shares of all kernel time" if is_gpu(device) else "CPU time")]
         if trace:
             notes.append(f"trace written to {trace}: open it at ui.perfetto.dev (or chrome://tracing), "
                          f"or run `tensorboard --logdir {trace.parent}` with the torch-tb-profiler plugin")
