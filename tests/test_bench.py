@@ -171,3 +171,11 @@ def test_batch_throughput_derives_samples_per_second_and_per_sample_speedup():
     assert many.speedup_per_sample == pytest.approx((one.step_seconds / 1) / (many.step_seconds / 64))
     assert many.speedup_per_sample > 1  # a batch of 64 costs far less than 64 single steps
     assert len(report.plot().get_lines()) == 1
+
+
+def test_batch_throughput_leaves_the_callers_model_as_it_was():
+    # it trains a copy: a notebook's model must keep its weights and its device for the sections after
+    model = torch.nn.Linear(16, 4)
+    before = [p.detach().clone() for p in model.parameters()]
+    batch_throughput(model, (16,), batch_sizes=(1, 8), device="cpu", min_run_time=0.01, num_threads=1)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))

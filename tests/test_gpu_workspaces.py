@@ -52,3 +52,28 @@ def test_a_cuda_report_carries_the_workspaces_as_a_category_of_their_own():
     row = gpu.find(category=workspaces.label())
     assert row.at_peak["cuda:0"] == workspaces.total and workspaces.label() in str(gpu)
     assert not any("cuBLAS" in r.category for r in cpu.rows)  # the CPU report is unchanged
+
+
+def test_charts_of_a_cuda_report_stack_the_workspaces_up_to_the_peak():
+    """On a GPU the peak includes the workspaces: the charts must draw them as a part, or the stack ends below its peak line."""
+    import dataclasses
+
+    from helpers import BasicFCModel, training_memory
+    from helpers.core.memory import _blas_workspaces
+    from helpers.distributed.memsave import MemoryComparison, SetupMemory
+
+    cpu = training_memory(BasicFCModel(), (8, 1, 28, 28), "adam")
+    workspaces = _blas_workspaces("cuda:0")
+    gpu = dataclasses.replace(cpu, peak_by_device={"cuda:0": cpu.peak_bytes + workspaces.total},
+                              categories_by_device={"cuda:0": {**cpu.categories, workspaces.label(): workspaces.total}},
+                              peak_phase_by_device={"cuda:0": cpu.peak_phase},
+                              timeline=[(phase, {"cuda:0": snap["cpu"]}) for phase, snap in cpu.timeline])
+    ax = gpu.plot()
+    top = max(vertex[1] for area in ax.collections for path in area.get_paths() for vertex in path.vertices)
+    assert top == pytest.approx(gpu.peak_bytes) and workspaces.label() in [t.get_text() for t in ax.get_legend().get_texts()]
+
+    row = SetupMemory.from_report("one batch", gpu)
+    assert row.workspaces == workspaces.total
+    bars = MemoryComparison([row], "setups").plot()
+    assert sum(p.get_height() for p in bars.patches) == pytest.approx(gpu.peak_bytes)
+    assert SetupMemory.from_report("one batch", cpu).workspaces is None  # on a CPU the column stays hidden

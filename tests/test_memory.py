@@ -1,6 +1,8 @@
 """helpers.core.memory: training_memory against real measured steps, meta models, bytes per parameter, working sets, OOM."""
 from __future__ import annotations
 
+import dataclasses
+
 import matplotlib
 import pytest
 import torch
@@ -8,8 +10,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from helpers import bytes_per_param, fit_batch, measure_training_memory, profile_layer_mem, profile_mem, training_memory
-from helpers.core.memory import CATEGORIES, PHASES, default_loss
+from helpers.core.memory import CATEGORIES, PHASES, _AllocatorPeak, _blas_workspaces, default_loss
 from helpers.core.models import BasicFCModel, LeNet, alexnet_2012, count_parameters, transformer_lm
+from helpers.core.report import format_bytes
 from helpers.hardware.oom import largest_batch, parse_bytes
 
 matplotlib.use("Agg")
@@ -254,6 +257,22 @@ def test_a_batch_that_does_not_fit_is_explained_not_run():
     assert f"largest that fits: {best:,}" in [t.get_text() for t in ax.get_legend().get_texts()]
 
 
+def test_when_nothing_fits_the_explanation_names_what_does_not_shrink_with_the_batch():
+    model = LeNet()
+    fit = fit_batch(model, (6000, 1, 28, 28), budget="100 KiB", optimizer="adam")
+    persistent = fit.estimate.param_bytes + fit.estimate.grad_bytes + fit.estimate.state_bytes
+    assert fit.largest_batch == 0 and persistent > 100 * 2**10
+    assert f"{format_bytes(persistent)} of parameters, gradients and optimizer state" in fit.explanation()
+    # on a GPU the estimate also holds the cuBLAS workspaces, which are no training state: the explanation names them apart
+    workspaces = _blas_workspaces("cuda:0")
+    cpu = fit.estimate
+    gpu = dataclasses.replace(cpu, peak_by_device={"cuda:0": cpu.peak_bytes + workspaces.total},
+                              categories_by_device={"cuda:0": {**cpu.categories, workspaces.label(): workspaces.total}},
+                              peak_phase_by_device={"cuda:0": cpu.peak_phase})
+    fit.estimate = gpu
+    assert f"{format_bytes(workspaces.total)} of {workspaces.label()}" in fit.explanation()
+
+
 def test_a_real_out_of_memory_error_is_caught_and_explained():
     def greedy_step():
         return torch.empty(2**62, dtype=torch.uint8)  # more than any machine has: the allocator refuses
@@ -275,6 +294,20 @@ def test_without_a_gpu_the_measurement_reads_the_cpu_allocator():
     measured = measure_training_memory(LeNet(), (4, 1, 28, 28))
     assert measured.allocator_peak_bytes >= measured.peak_bytes
     assert "cpu" in measured.source
+
+
+def test_the_gpu_allocator_peak_keeps_the_blas_workspaces_the_estimate_counts(monkeypatch):
+    """The CUDA branch of the allocator measurement, with the allocator's counters played by a dict (no GPU here)."""
+    counters = {"now": 0, "max": 0}
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: counters["now"])
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: counters["max"])
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: counters.update(max=counters["now"]))
+    workspaces, baseline, other_model, activations = _blas_workspaces("cuda:0").total, 10 * 2**20, 5 * 2**20, 3 * 2**20
+    counters["now"] = baseline + workspaces + other_model  # after the warm-up step: its tensors, its workspaces, something else
+    with _AllocatorPeak(torch.device("cuda:0"), baseline) as allocator:
+        counters["max"] = counters["now"] + activations
+    assert allocator.peak == baseline + workspaces + activations  # the other model left out, the workspaces kept
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="compares against torch.cuda.max_memory_allocated, which needs a GPU")

@@ -106,3 +106,7 @@ def test_padding_strategies_compute_fewer_positions_with_bucketing():
     assert all(r.batches == 4 and r.epoch_seconds > 0 for r in report.rows)
     assert whole.speedup == 1.0 and bucketed.padding_share < whole.padding_share
     assert len(report.plot().patches) == 3
+    share = f"{bucketed.tokens / whole.tokens:.0%} of the positions"
+    for speedup, words in ((3.0, "3.0x faster"), (1.0, "at the same speed (1.00x)"), (0.5, "2.0x slower")):
+        bucketed.speedup = speedup  # the sentence follows the measured speed-up, whatever the machine measured
+        assert share in report.bucketing_sentence() and words in report.bucketing_sentence()

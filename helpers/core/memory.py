@@ -238,6 +238,9 @@ class TrainingMemory(Report):
         series = [(phase, snap.get(device, dict.fromkeys(CATEGORIES, 0))) for phase, snap in self.timeline]
         x = list(range(len(series)))
         parts = {c: [s[c] for _, s in series] for c in CATEGORIES}
+        for name, size in self.categories_by_device.get(device, {}).items():
+            if name not in CATEGORIES:  # held through the whole step (cuBLAS workspaces on a GPU): a constant band
+                parts[name] = [size] * len(series)
         spans, start = [], 0
         for i in range(1, len(series) + 1):
             if i == len(series) or series[i][0] != series[start][0]:
@@ -420,7 +423,8 @@ class _AllocatorPeak:
     straight to file descriptor 2 during the block (e.g. frees of blocks allocated before
     it started) is silenced. CUDA:
     ``torch.cuda.max_memory_allocated``, less what was allocated beforehand and is not
-    part of the step (e.g. cuBLAS workspaces, other models).
+    part of the step (other models, say). The cuBLAS workspaces the warm-up step created
+    stay in: the step holds them throughout, and the estimate counts them too.
     """
 
     def __init__(self, device: torch.device, baseline: int):
@@ -431,7 +435,8 @@ class _AllocatorPeak:
     def __enter__(self):
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-            self.untracked = torch.cuda.memory_allocated(self.device) - self.baseline
+            workspaces = _blas_workspaces(str(self.device)).total
+            self.untracked = torch.cuda.memory_allocated(self.device) - self.baseline - workspaces
             torch.cuda.reset_peak_memory_stats(self.device)
         else:
             self.profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)

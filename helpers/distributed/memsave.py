@@ -21,6 +21,7 @@ from helpers.core.device import cpu_threads as threads_for_cpu
 from helpers.core.device import pick_device, synchronize
 from helpers.core.fake import ExampleInput, first_device, split_args, with_batch
 from helpers.core.memory import (
+    CATEGORIES,
     MasterWeightAdam,
     OptimizerChoice,
     TrainingMemory,
@@ -59,6 +60,7 @@ class SetupMemory:
     activations: int = column("activations", format_bytes)
     other: int = column("temporaries and input", format_bytes)  # temporaries and the input
     peak: int = column("peak (estimate)", format_bytes)
+    workspaces: int | None = column("of which kernel workspaces", format_bytes, optional=True, default=None)  # cuBLAS's, on a GPU
     # what a real run showed: each column is shown only where some setup has it
     micro_batch: int | None = column("micro-batch", ",", optional=True, default=None)
     measured_peak: int | None = column("peak, real step", format_bytes, optional=True, default=None)
@@ -68,12 +70,14 @@ class SetupMemory:
     @classmethod
     def from_report(cls, setup: str, report: TrainingMemory, **measured) -> "SetupMemory":
         c = report.categories
+        workspaces = sum(size for name, size in c.items() if name not in CATEGORIES)
         return cls(setup, parameters=c["parameters"], gradients=c["gradients"], optimizer_state=c["optimizer state"],
-                   activations=c["activations"], other=c["temporaries"] + c["input"], peak=report.peak_bytes, **measured)
+                   activations=c["activations"], other=c["temporaries"] + c["input"], workspaces=workspaces or None,
+                   peak=report.peak_bytes, **measured)
 
 # the categories at the peak: field -> its name in charts (which picks its colour in helpers.core.plots)
 PARTS = {"parameters": "parameters", "gradients": "gradients", "optimizer_state": "optimizer state", "activations": "activations",
-         "other": "temporaries and input"}
+         "other": "temporaries and input", "workspaces": "kernel workspaces"}
 
 
 class MemoryComparison(Report):
@@ -89,7 +93,8 @@ class MemoryComparison(Report):
     def plot(self, ax=None):
         """Each setup's memory at its peak, stacked by category; a real step's peak as a marker where measured."""
         names = [textwrap.fill(r.setup, 16) for r in self.rows]
-        parts = {name: [getattr(r, p) for r in self.rows] for p, name in PARTS.items()}
+        parts = {name: [getattr(r, p) or 0 for r in self.rows] for p, name in PARTS.items()}
+        parts = {name: values for name, values in parts.items() if any(values)}
         ax = plots.stacked_bars(names, parts, ax, title=self.title, ylabel="memory at the peak")
         measured = [(i, r.measured_peak) for i, r in enumerate(self.rows) if r.measured_peak is not None]
         if measured:

@@ -1,6 +1,7 @@
 """Throughput against batch size: the parallelism a batch gives the device (Lecture 1)."""
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -49,7 +50,7 @@ def batch_throughput(
     device is full, then flattens. ``num_threads``: CPU threads (default: all torch has).
     """
     device = pick_device(device)
-    model = model.to(device)
+    model = copy.deepcopy(model).to(device)  # a copy: the caller's model keeps its device and its weights
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     rows = []
     for batch in batch_sizes:

@@ -16,7 +16,7 @@ from torch import nn
 from helpers.core import plots
 from helpers.core.device import Fact, is_gpu
 from helpers.core.fake import ExampleInput, as_example, batch_size_of, first_device, with_batch
-from helpers.core.memory import OptimizerChoice, TrainingMemory, training_memory
+from helpers.core.memory import CATEGORIES, OptimizerChoice, TrainingMemory, training_memory
 from helpers.core.report import Report, format_bytes
 
 
@@ -111,8 +111,12 @@ class BatchFit(Report):
         if self.fits:
             return f"Batch {self.batch_size:,} fits, with {format_bytes(self.budget_bytes - self.peak_bytes)} to spare."
         if not self.largest_batch:
-            return (f"Not even a batch of 1 fits: the model's parameters, gradients and optimizer state alone need "
-                    f"{format_bytes(self.peaks[1])}. Use a smaller model, lower precision, or split it over devices.")
+            est = self.estimate
+            fixed = {"parameters, gradients and optimizer state": est.param_bytes + est.grad_bytes + est.state_bytes,
+                     **{name: size for name, size in est.categories.items() if name not in CATEGORIES}}  # e.g. cuBLAS workspaces
+            parts = " and ".join(f"{format_bytes(size)} of {name}" for name, size in fixed.items() if size)
+            return (f"Not even a batch of 1 fits: one step at batch 1 needs {format_bytes(self.peaks[1])}, and of that, {parts} "
+                    "do not shrink with the batch. Use a smaller model, lower precision, a larger budget, or split the model over devices.")
         return (f"Batch {self.batch_size:,} does not fit: one step needs {format_bytes(self.peak_bytes)}, "
                 f"{format_bytes(self.peak_bytes - self.budget_bytes)} more than the budget. The largest batch that fits is "
                 f"{self.largest_batch:,}; to train on {self.batch_size:,} samples per update anyway, accumulate gradients over "

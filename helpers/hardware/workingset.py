@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 
 from helpers.core import plots
 from helpers.core.device import is_gpu, pick_device
-from helpers.core.memory import training_memory
+from helpers.core.memory import CATEGORIES, training_memory
 from helpers.core.models import BasicFCModel
 from helpers.core.report import Report, column, format_bytes, format_seconds
 from helpers.core.timing import timeit
@@ -59,9 +59,11 @@ def memory_levels(device: torch.device) -> list[MemoryLevel]:
 
 
 def training_working_set_bytes(model: nn.Module, example_input: torch.Tensor) -> int:
-    """Peak bytes of one plain-SGD training step (parameters, gradients, input, activations, temporaries),
-    from ``helpers.core.memory.training_memory``: computed on fake tensors, nothing allocated."""
-    return training_memory(model, example_input, "sgd").peak_bytes
+    """Peak bytes of the tensors of one plain-SGD training step (parameters, gradients, input, activations,
+    temporaries), from ``helpers.core.memory.training_memory``: computed on fake tensors, nothing allocated. On a GPU
+    the cuBLAS workspaces the estimate adds are left out: they are reserved once, not streamed by every step."""
+    estimate = training_memory(model, example_input, "sgd")
+    return sum(estimate.categories.get(c, 0) for c in CATEGORIES)
 
 
 def _duration(seconds: float) -> str:
@@ -111,7 +113,9 @@ class WorkingSetSweep(Report):
             "dashed lines. At the smallest sizes a fixed per-step overhead (Python, kernel launches) dominates instead.",
             *self._page_fault_note(),
             f"{main.name} ({format_bytes(main.bytes)}) would fill at hidden size about {self.ram_hidden:,} (extrapolated). That "
-            "is not run: a working set beyond RAM swaps to disk, or gets the process killed, and would take the machine down with it.",
+            + ("is not run: past GPU memory the step stops with a CUDA out-of-memory error (GPU memory does not swap)."
+               if is_gpu(device) else
+               "is not run: a working set beyond RAM swaps to disk, or gets the process killed, and would take the machine down with it."),
         ]
         super().__init__(rows, notes)
 
