@@ -30,6 +30,22 @@ class BatchThroughput(Report):
         super().__init__(rows, [f"{model_name} on {device}: forward, backward and an SGD step per timed call (helpers.timeit)."])
         self.device = device
 
+    def reading(self, full_gain: float = 1.2) -> str:
+        """Whether samples/s still rose over the last step of batch sizes (more than ``full_gain`` times), read from the rows."""
+        if len(self.rows) < 2:
+            return "One batch size only: time more to see the curve."
+        first, before, last = self.rows[0], self.rows[-2], self.rows[-1]
+        rise = f"Samples/s went from {first.samples_per_second:,.0f} at batch {first.batch:,} to {last.samples_per_second:,.0f} at {last.batch:,}"
+        gain = last.samples_per_second / before.samples_per_second
+        if gain > full_gain:
+            return (f"{rise}, and still rose {gain:.1f}x over the last step (batch {before.batch:,} to {last.batch:,}): {self.device} "
+                    "had idle lanes left at every size timed; larger batches (batch_sizes in the parameters cell) would find where it fills.")
+        if gain >= 1 / full_gain:
+            return (f"{rise}; over the last step (batch {before.batch:,} to {last.batch:,}) only {gain:.2f}x: {self.device} was full, "
+                    "and a bigger batch only makes each step longer.")
+        return (f"{rise}, but fell over the last step (batch {before.batch:,} to {last.batch:,}: {gain:.2f}x): past full, the larger "
+                "batch's activations outgrow a cache, or other programs disturbed the timing; run it again to tell which.")
+
     def plot(self, ax=None):
         series = {str(self.device): ([r.batch for r in self.rows], [r.samples_per_second for r in self.rows])}
         return plots.line_chart(series, ax, title=self.title, xlabel="batch size (log scale)", ylabel="samples/s (log scale)", logx=True, logy=True)
