@@ -37,7 +37,7 @@ def test_unknown_benchmark_is_named_in_the_error(tmp_path):
 
 def test_the_kernels_benchmark_reports_the_gpu_only_targets_as_n_a_on_a_cpu(tmp_path):
     result = run_bench("--quick", "--only", "kernels", "--out", str(tmp_path))
-    assert result.returncode in (0, 1), result.stderr  # 1: a target missed on a busy machine; the runner still wrote its JSON
+    assert result.returncode == 0, result.stderr  # a quick run checks no timings, so nothing it checks depends on the load
     targets = {t["what"]: t for t in json.loads((tmp_path / "kernels.json").read_text())["targets"]}
     gpu_only = [what for what in targets if what.startswith(("CUDA graph replay", "torch.compile (reduce-overhead)"))]
     assert len(gpu_only) == 2 and all(targets[what]["status"] == "n/a" and "GPU" in what for what in gpu_only)
