@@ -78,5 +78,5 @@ def test_kernel_targets_compare_at_the_largest_size_both_kernels_ran():
     # the rows of a GPU run (the report itself is built for the CPU: naming a CUDA device asks the driver for its name)
     timings = KernelTimings([point("triton naive", 512, 100), point("triton tiled", 512, 900), point("triton tiled", 1024, 1500)],
                             torch.device("cpu"), "torch.matmul (cuBLAS)", None, [], None)
-    (target,) = kernel_targets(timings, gpu=True, quick=False)
+    (target,) = kernel_targets(timings, gpu=True)
     assert "n=512" in target.what and target.measured == pytest.approx(9) and target.status == "pass"

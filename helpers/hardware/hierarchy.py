@@ -15,6 +15,7 @@ import numpy as np
 import psutil
 import torch
 
+from helpers.core.cuda_graphs import capture_cuda_graph
 from helpers.core.device import cpu_flags, gpu_notice, is_gpu, peak_bandwidth, pick_device
 from helpers.core.report import Report, column, format_bytes
 from helpers.core.timing import timeit
@@ -78,22 +79,14 @@ def gpu_copy_gbs(nbytes: int, device: torch.device) -> float:
     A copy that fits in L2 takes a few microseconds, about as long as the CPU
     needs to launch it, so one launch per copy would time the launches: the
     copies are recorded in a CUDA graph, ``COPIES_PER_LAUNCH`` of them, and
-    the graph is replayed (warm-up on a side stream first, as PyTorch's
-    documentation prescribes for capture).
+    the graph is replayed.
     """
     source = torch.ones(max(nbytes // 4, 1024), device=device)
     target = torch.empty_like(source)
-    side = torch.cuda.Stream(device=device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side):
-        target.copy_(source)
-    torch.cuda.current_stream(device).wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(COPIES_PER_LAUNCH):
-            target.copy_(source)
+    graph = capture_cuda_graph(lambda x: [target.copy_(x) for _ in range(COPIES_PER_LAUNCH)], source)
+    del source  # the graph copies from its own static input
     seconds = timeit(graph.replay, device=device, min_run_time=0.1).median / COPIES_PER_LAUNCH
-    return 2 * source.nbytes / seconds / 1e9
+    return 2 * target.nbytes / seconds / 1e9
 
 
 def _cpu_spaces(measure: bool) -> tuple[list[MemorySpace], list[str]]:

@@ -13,14 +13,9 @@ from helpers.hardware.roofline import operator_roofline
 from helpers.training.kernel_table import CPU_CONV, CPU_GEMM, TENSOR_CORE, KernelTable, cnn_training_step, kernels_by_class
 from helpers.training.launch_overhead import ARITHMETIC, COMPILED, EAGER, GRAPH, REDUCE_OVERHEAD, measure_launch_overhead
 
-from . import BenchResult, Target
+from . import BenchResult, Target, full_runs_only
 
 COMPILE_SECONDS_MAX = 30  # a lecture waits for the compiler at most this long (issue 10's budget)
-
-
-def _timed(targets: list[Target], quick: bool) -> list[Target]:
-    """Timing targets are checked on full runs only: a quick run (the test suite's) times small problems on a busy machine."""
-    return [Target.not_here(t.what, t.required, "quick run") if quick and t.status != "n/a" else t for t in targets]
 
 
 def _speedup(what: str, row, minimum: float) -> Target:
@@ -47,12 +42,10 @@ def launch_targets(launch, compiled: bool) -> list[Target]:
     return targets
 
 
-def kernel_targets(timings, gpu: bool, quick: bool) -> list[Target]:
+def kernel_targets(timings, gpu: bool) -> list[Target]:
     """The blocking lesson at the largest size both kernels ran: tiled Triton vs naive on a GPU, blocked vs reordered loops on a CPU."""
     slow, fast = ("triton naive", "triton tiled") if gpu else ("reordered", "blocked")
     what = f"{fast} vs {slow} kernel, GFLOP/s ratio at the largest shared n"
-    if quick and not gpu:
-        return [Target.not_here(what, ">= 2x", "quick run: sizes that fit in the caches")]
     both = {p.n for p in timings.rows if p.kernel == slow} & {p.n for p in timings.rows if p.kernel == fast}
     if not both:
         return [Target.not_here(what, ">= 2x", f"the {slow} kernel did not run at any size the {fast} one did")]
@@ -106,8 +99,8 @@ def run(quick: bool) -> BenchResult:
                                  naive_up_to=256, min_run_time=0.05 if quick else 0.1, rounds=1 if quick else 3)
     launch = measure_launch_overhead(device=device, min_run_time=0.05 if quick else 0.2, compile=not quick)
     profiled, kernels = profile_targets(device)
-    targets = [*_timed(roofline_targets(roofline), quick),
+    targets = [*full_runs_only(roofline_targets(roofline), quick),
                Target.at_least("Triton kernels that agree with torch.matmul", agreeing, 2) if triton_ok
                else Target.not_here("Triton kernels that agree with torch.matmul", ">= 2", why_not),
-               *_timed(kernel_targets(timings, gpu, quick), quick), *_timed(launch_targets(launch, compiled=not quick), quick), *profiled]
+               *full_runs_only(kernel_targets(timings, gpu), quick), *full_runs_only(launch_targets(launch, compiled=not quick), quick), *profiled]
     return BenchResult("kernels", [roofline, check, timings, launch, kernels], targets)
