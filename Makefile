@@ -1,7 +1,9 @@
 # The kit's user interface. Every target that runs Python sets up .venv first when needed.
 #
 #   make lectures        execute every lecture notebook (build/lectures/: notebooks + HTML)
-#   make test            run the test suite
+#   make test            run the test suite: every lane (CI's command)
+#   make test-fast       the unit lane alone (no notebooks, grading, browser, gpu or slow tests): a few minutes
+#   make test-gpu        the tests that need a CUDA GPU (run it on a GPU machine)
 #   make lab             JupyterLab on the kit, for live teaching
 #   make bench           benchmarks: tables on screen, JSON under build/bench/
 #   make setup           create .venv and install the kit (a second run takes seconds)
@@ -27,7 +29,7 @@ STAMP := $(VENV)/.installed
 # Tools installed in the venv (jupyter, nbgrader, alembic, torchrun) must be found by subprocesses.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: help setup sandbox-tool lab lectures bench test strip clean distclean
+.PHONY: help setup sandbox-tool browser-tool lab lectures bench test test-fast test-gpu strip clean distclean
 .PHONY: release autograde feedback grades import
 
 help:
@@ -49,6 +51,14 @@ sandbox-tool:
 	  apt-get install -y -q bubblewrap >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q bubblewrap >/dev/null 2>&1; } || echo "could not install bubblewrap"; \
 	else echo "note: bubblewrap (bwrap) is not installed: autograding runs submissions WITHOUT a sandbox (Debian/Ubuntu: sudo apt install bubblewrap)"; fi; }
 
+# Chromium for the browser checks (tests marked browser): from Debian's packages where this user may, else a note
+# (the test summary then says the browser checks were skipped and why).
+browser-tool:
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || test -n "$$EDL_CHROMIUM" || { if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing Chromium (the browser checks) with apt-get"; \
+	  apt-get install -y -q chromium >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1; } || echo "could not install Chromium: the browser checks will be skipped"; \
+	else echo "note: Chromium is not installed: the browser checks will be skipped (Debian/Ubuntu: sudo apt install chromium)"; fi; }
+
 lab: setup
 	$(PY) -m helpers.course.lab
 
@@ -58,9 +68,18 @@ lectures: setup
 bench: setup sandbox-tool
 	$(PY) -m tests.bench --out build/bench $(if $(B),--only $(B)) $(if $(QUICK),--quick)
 
-test: setup sandbox-tool
-	$(VENV)/bin/ruff check helpers tests
+test: setup sandbox-tool browser-tool
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+FAST_LANE := not (notebooks or grading or browser or gpu or slow)
+test-fast: setup
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest -m "$(FAST_LANE)" $(PYTEST_ARGS)
+
+test-gpu: setup
+	@$(PY) -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else "make test-gpu runs the tests marked gpu on a CUDA GPU: this machine has none")'
+	$(PY) -m pytest -m gpu $(PYTEST_ARGS)
 
 strip: setup
 	$(PY) -m helpers.course.notebooks strip lectures $(wildcard assignments/source)

@@ -22,3 +22,26 @@ def _close_figures():
     import matplotlib.pyplot as plt
 
     plt.close("all")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` run where CUDA is; elsewhere each is skipped and says so (``make test-gpu`` runs them on a GPU)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (this machine has none): run make test-gpu on a GPU machine")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """Say in the summary when the browser checks did not run, and why (a fresh machine without Chromium)."""
+    skipped = [r for r in terminalreporter.stats.get("skipped", []) if "browser" in r.keywords]
+    if not skipped:
+        return
+    reason = skipped[0].longrepr[2] if isinstance(skipped[0].longrepr, tuple) else str(skipped[0].longrepr)
+    reason = reason.removeprefix("Skipped: ")
+    terminalreporter.write_sep("=", f"browser checks skipped ({len(skipped)}): {reason}; make browser-tool installs Chromium where it can",
+                               yellow=True)

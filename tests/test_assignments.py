@@ -27,6 +27,8 @@ from helpers.course.notebooks import execute_notebook
 
 from .grading_support import ROOT, copy_course, execute_allowing_errors, hidden_test_lines, make, submit
 
+pytestmark = [pytest.mark.notebooks, pytest.mark.grading]
+
 SOURCE = ROOT / "assignments" / "source"
 ASSIGNMENTS = sorted(p.name for p in SOURCE.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))) if SOURCE.exists() else []
 NOTEBOOKS = [(a, nb.name) for a in ASSIGNMENTS for nb in assignments.notebooks(SOURCE / a)]

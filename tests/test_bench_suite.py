@@ -12,6 +12,8 @@ import torch
 from helpers.hardware.kernels import KernelPoint, KernelTimings
 from helpers.training.launch_overhead import ARITHMETIC, COMPILED, EAGER, GRAPH, REDUCE_OVERHEAD, LaunchOverhead, LaunchVariant
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

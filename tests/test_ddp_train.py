@@ -11,6 +11,8 @@ import torch
 
 from helpers.distributed.ddp_train import load_training_data, main
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 TORCHRUN = Path(sys.executable).parent / "torchrun"
 

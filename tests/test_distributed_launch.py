@@ -19,6 +19,8 @@ import torch.distributed as dist
 from helpers.core.workers import WorkerError, WorkerTimeout, launch
 from helpers.course.notebooks import execute_notebook
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 # Send this module's worker functions by value, as a notebook's are: workers then skip importing the test module.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

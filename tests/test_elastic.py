@@ -16,6 +16,8 @@ import torch.distributed as dist
 from helpers.core.data import load_digits
 from helpers.distributed import elastic_demo, elastic_train, processes_of, run_elastic, torchrun_command
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

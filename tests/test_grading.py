@@ -20,6 +20,8 @@ from helpers.course.grading import Course, HideHiddenTestTracebacks, course_grad
 
 from .grading_support import ROOT, make, submit, tiny_course, tiny_notebook, with_solution
 
+pytestmark = pytest.mark.grading
+
 PART = "part1_sums.ipynb"
 
 

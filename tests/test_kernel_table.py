@@ -127,6 +127,7 @@ def test_the_class_chart_draws_one_bar_per_class_with_time():
     assert len(ax.patches) == sum(1 for r in report.rows if r.seconds > 0) and report.onednn is None
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (7, 0),
                     reason="tensor cores need a GPU of compute capability 7.0 or later")
 def test_an_fp16_matmul_on_a_gpu_runs_a_kernel_named_as_a_tensor_core_kernel():

@@ -24,7 +24,8 @@ from helpers.course.notebooks import clean, strip_outputs
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = os.environ.get("EDL_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
 playwright_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (Debian/Ubuntu: apt install chromium)")
+pytestmark = [pytest.mark.browser,
+              pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (Debian/Ubuntu: apt install chromium, or make browser-tool)")]
 
 # The flags a headless Chromium needs on a machine with no display and no outside network.
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",

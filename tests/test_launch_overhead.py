@@ -63,7 +63,7 @@ def test_compile_budget_and_switch_give_n_a_rows_that_say_why():
         measure_launch_overhead(elements=64, large_elements=8, device="cpu")
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="a real capture needs a GPU (the CPU side is tested above)")
+@pytest.mark.gpu  # a real capture needs a GPU (the CPU side is tested above)
 def test_graph_replay_equals_eager_on_a_gpu():
     chain, x = OpChain(10).cuda(), torch.randn(256, device="cuda")
     with torch.no_grad():

@@ -7,6 +7,8 @@ import pytest
 
 from helpers.course.notebooks import execute_notebook, find_notebooks
 
+pytestmark = pytest.mark.notebooks
+
 ROOT = Path(__file__).resolve().parents[1]
 LECTURES = find_notebooks(ROOT / "lectures")
 

@@ -310,7 +310,7 @@ def test_the_gpu_allocator_peak_keeps_the_blas_workspaces_the_estimate_counts(mo
     assert allocator.peak == baseline + workspaces + activations  # the other model left out, the workspaces kept
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="compares against torch.cuda.max_memory_allocated, which needs a GPU")
+@pytest.mark.gpu  # compares against torch.cuda.max_memory_allocated, which needs a GPU
 @pytest.mark.parametrize("amp", [False, True])
 def test_estimate_is_within_two_percent_of_max_memory_allocated_on_a_gpu(amp):
     model = transformer_lm("small").cuda()

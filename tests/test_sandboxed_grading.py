@@ -23,6 +23,8 @@ from helpers.course.grading import Course, read_status
 
 from .grading_support import ROOT, environment, submit
 
+pytestmark = pytest.mark.grading
+
 A, PART = "hw2_profiling", "part1_sums.ipynb"
 HIDDEN_LINE = "expect(f1(10), 11, 'the hidden check of f1')"
 LAB = "def expect(value, wanted, what='value'):\n    assert value == wanted, f'{what}: got {value!r}, expected {wanted!r}'\n"
