@@ -25,9 +25,19 @@ def meta_alexnet(**kwargs):
         return alexnet_2012(**kwargs)
 
 
-def test_single_card_peak_comes_from_training_memory(case):
-    expected = training_memory(meta_alexnet(), torch.empty(128, 3, 227, 227, device="meta"), paper_sgd)
-    assert case.batch_size == 128 and case.single_peak_bytes == expected.peak_bytes
+def test_single_card_figures_against_the_papers_shapes(case):
+    # AlexNet (2012), worked by hand: conv1 96x3x11x11, conv2 256x48x5x5 (two groups), conv3 384x256x3x3,
+    # conv4 384x192x3x3 and conv5 256x192x3x3 (two groups), fc6 9216->4096, fc7 4096->4096, fc8 4096->1000
+    weights = 96 * 3 * 11 * 11 + 256 * 48 * 5 * 5 + 384 * 256 * 3 * 3 + 384 * 192 * 3 * 3 + 256 * 192 * 3 * 3 + 9216 * 4096 + 4096 * 4096 + 4096 * 1000
+    biases = 96 + 256 + 384 + 384 + 256 + 4096 + 4096 + 1000
+    assert case.single.param_count == weights + biases == 60_965_224
+    batch_input = 128 * 3 * 227 * 227 * 4  # fp32 images
+    conv1_output = 128 * 96 * 55 * 55 * 4
+    assert case.single.categories["input"] == batch_input
+    # at least: weights and momentum (8 bytes a parameter), the batch, and conv1's output kept for the backward pass
+    floor = 8 * weights + batch_input + conv1_output
+    assert floor < case.single_peak_bytes < 3 * floor
+    assert case.batch_size == 128 and case.single_peak_bytes == case.single.peak_bytes
     assert case.card_bytes == CARD and case.card is GTX_580_3GB
     one = case.rows[0]
     assert one.configuration.startswith("one GPU") and one.tensors == case.single_peak_bytes

@@ -34,17 +34,22 @@ def test_concurrent_requests_share_batches_and_each_gets_its_own_answers():
     assert sum(batcher.batch_sizes) == 40 and max(batcher.batch_sizes) <= 8 and len(batcher.batch_sizes) <= 6
 
 
-def test_a_lone_request_waits_no_longer_than_max_wait():
-    async def main():
-        batcher = DynamicBatcher(rows_as_digits, max_batch_size=64, max_wait_ms=30)
+def test_a_lone_request_waits_for_max_wait_and_no_longer():
+    async def lone(max_wait_ms):
+        batcher = DynamicBatcher(rows_as_digits, max_batch_size=64, max_wait_ms=max_wait_ms)
         start = time.perf_counter()
         answer = await batcher.submit(requests(1)[0])
         elapsed = time.perf_counter() - start
         await batcher.stop()
         return batcher, answer, elapsed
-    batcher, answer, elapsed = run(main())
-    assert answer == [0] and batcher.batch_sizes == [1]
-    assert 0.025 <= batcher.waits[0] <= 0.5 and elapsed >= 0.025  # waited for company, then went alone
+
+    async def main():
+        return await lone(30), await lone(300)
+    (short, answer, elapsed), (long, _, _) = run(main())
+    assert answer == [0] and short.batch_sizes == long.batch_sizes == [1]
+    assert short.waits[0] >= 0.025 and elapsed >= 0.025 and long.waits[0] >= 0.29  # waited for company, then went alone
+    # and no longer: a window ten times as long makes the lone request wait several times as long (a ratio within one run)
+    assert long.waits[0] > 3 * short.waits[0]
 
 
 def test_a_full_batch_goes_at_once_without_waiting_out_the_window():

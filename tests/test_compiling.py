@@ -1,10 +1,10 @@
 """helpers.training.compiling: eager vs torch.compile, compile time apart from speed-up, and the TorchScript fallback."""
 from __future__ import annotations
 
-import math
-
+import pytest
 import torch
 
+from helpers.core.timing import timeit
 from helpers.training.compiling import eager_vs_compiled
 from helpers.training.workloads import tiny_mlp
 
@@ -24,15 +24,14 @@ def test_torch_compile_gives_the_eager_result_and_reports_compile_time_separatel
     else:  # no usable C++ compiler on this machine: TorchScript, and the reason says why
         assert compiled.mode.startswith("TorchScript")
     assert compiled.max_difference < 1e-4
-    assert compiled.first_call_seconds > compiled.steady_seconds
-    assert 0 < compiled.compile_seconds < compiled.first_call_seconds  # the first call pays compilation and one run
-    assert (compiled.speedup > 1) == (compiled.steady_seconds < eager.steady_seconds)
-    if compiled.speedup > 1:  # what "pays off after n calls" means: from then on compiled costs less in total, before not
-        n = math.ceil(compiled.break_even_calls)
-        assert compiled.compile_seconds + n * compiled.steady_seconds <= n * eager.steady_seconds * (1 + 1e-9)
-        assert compiled.compile_seconds + (n - 1) * compiled.steady_seconds >= (n - 1) * eager.steady_seconds
-    else:
-        assert compiled.break_even_calls is None
+    # figures from outside the report: compiling costs far more than a run of the chain, and the eager time per call
+    # agrees with a timing taken here (wide margins: a loaded machine)
+    assert compiled.compile_seconds > 20 * eager.steady_seconds
+    ours = timeit(pointwise_chain, torch.randn(16, 64), min_run_time=0.02).median
+    assert 0.25 < eager.steady_seconds / ours < 4
+    assert compiled.speedup == pytest.approx(eager.steady_seconds / compiled.steady_seconds)
+    if compiled.break_even_calls is not None:  # "pays off after n calls": the compile time over the saving per call
+        assert compiled.break_even_calls == pytest.approx(compiled.compile_seconds / (eager.steady_seconds - compiled.steady_seconds))
 
 
 def test_a_failing_compiler_falls_back_to_torchscript_and_says_why():

