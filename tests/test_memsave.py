@@ -18,7 +18,6 @@ from helpers.distributed.memsave import (
     keeping_gradients,
     mean_square_loss,
     precision_memory,
-    time_interleaved,
 )
 
 matplotlib.use("Agg")
@@ -106,10 +105,3 @@ def test_autocast_shrinks_activations_but_not_the_training_state(model):
     assert half.parameters * 2 == fp32.parameters
     assert master.optimizer_state == fp32.optimizer_state + fp32.parameters  # Adam's state plus an fp32 master copy
     assert all(r.measured_peak is None for r in report.rows)
-
-
-def test_time_interleaved_times_every_function():
-    calls = []
-    times = time_interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, rounds=3)
-    assert set(times) == {"a", "b"} and all(t >= 0 for t in times.values())
-    assert calls == ["a", "b"] * 4  # one warm-up each, then rounds taken in turn

@@ -21,7 +21,14 @@ from helpers.core.hardware_specs import GPUSpec, lookup_gpu
 from helpers.core.report import Report, column, format_bytes
 
 ENV_VAR = "EDL_DEVICE"
+# The kit's one table of number-format names: short name -> torch dtype (tf32 is fp32 storage, run on tensor cores).
 DTYPES = {"fp64": torch.float64, "fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items() if name != "tf32"}  # the way back: torch.float16 -> "fp16"
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The kit's short name of a torch dtype ("fp16" for torch.float16); torch's own name for one not in ``DTYPES``."""
+    return DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))
 
 
 def gpu_available() -> bool:

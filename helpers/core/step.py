@@ -15,10 +15,11 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from helpers.core.device import pick_device
+from helpers.core.device import DTYPES, dtype_name, pick_device
 from helpers.core.fake import ExampleInput, batch_size_of, first_device, split_args
 
-AMP_DTYPES = {"fp16": torch.float16, "float16": torch.float16, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
+# the 16-bit types autocast runs in, by short name and by torch's own name ("bfloat16")
+AMP_DTYPES = {name: DTYPES[short] for short in ("fp16", "bf16") for name in (short, str(DTYPES[short]).removeprefix("torch."))}
 PHASES = ("forward", "backward", "optimizer step")
 
 
@@ -44,7 +45,9 @@ def resolve_amp(amp: bool | str | torch.dtype | None, device: str | torch.device
 
 def amp_name(dtype: torch.dtype | None) -> str:
     """'fp16' or 'bf16' for an autocast dtype, 'fp32' for None (no AMP)."""
-    return {torch.float16: "fp16", torch.bfloat16: "bf16", None: "fp32"}[dtype]
+    if dtype is not None and dtype not in AMP_DTYPES.values():
+        raise KeyError(dtype)
+    return "fp32" if dtype is None else dtype_name(dtype)
 
 
 def tensors_in(value: Any) -> list[torch.Tensor]:

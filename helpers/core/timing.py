@@ -1,16 +1,20 @@
 """The one timing primitive of the kit: torch.utils.benchmark with the device synchronised around each timed block.
 
 ``timeit`` runs a warm-up call first and uses all CPU threads (torch.utils.benchmark
-silently defaults to one); ``time_once`` is a single wall-clock reading for demos.
+silently defaults to one); ``time_interleaved`` times several functions in rounds in which
+they take turns; ``time_once`` is a single wall-clock reading for demos.
 """
 from __future__ import annotations
 
+import statistics
 import time
-from typing import Callable
+from dataclasses import dataclass
+from typing import Callable, Mapping
 
 import torch
 from torch.utils import benchmark as torch_benchmark
 
+from helpers.core.device import cpu_threads as threads_for_cpu
 from helpers.core.device import synchronize
 
 Measurement = torch_benchmark.Measurement
@@ -62,3 +66,47 @@ def time_once(fn: Callable, *, sync: torch.device | None = None) -> float:
     if sync is not None:
         synchronize(sync)
     return time.perf_counter() - start
+
+
+@dataclass(frozen=True)
+class Turns:
+    """One function's seconds per call from interleaved rounds: the fastest reading and the median one."""
+
+    fastest: float
+    median: float
+
+    @property
+    def spread(self) -> float:
+        """Median over fastest: 1.0 on a quiet machine; well above it when other work disturbed the timing."""
+        return self.median / self.fastest if self.fastest > 0 else float("inf")
+
+
+def time_interleaved(functions: Mapping[str, Callable[[], object]], device: str | torch.device | None = None, rounds: int = 3,
+                     min_run_time: float = 0.0, cpu_threads: int | None = None) -> dict[str, Turns]:
+    """Time each function in ``rounds`` rounds in which the functions take turns, after a warm-up call each.
+
+    Taking turns makes a passing disturbance of the machine (another process, a frequency change) hit
+    every function alike; other work only ever adds time, so ``fastest`` is the closest to a function's
+    own cost and ``spread`` says how much the timing was disturbed. With ``min_run_time`` 0 a round is one
+    call (``device`` synchronised around it), else a ``timeit`` run whose every block counts. CPU work
+    runs on ``cpu_threads`` threads (None: torch's setting).
+    """
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1 (rounds in which the functions take turns), got {rounds}")
+    device = torch.device(device) if device is not None else None
+    times: dict[str, list[float]] = {name: [] for name in functions}
+    with threads_for_cpu(cpu_threads):
+        if not min_run_time:
+            for fn in functions.values():
+                fn()
+        for _ in range(rounds):
+            for name, fn in functions.items():
+                if min_run_time:
+                    times[name] += timeit(fn, device=device, min_run_time=min_run_time).times
+                else:
+                    synchronize(device)
+                    start = time.perf_counter()
+                    fn()
+                    synchronize(device)
+                    times[name].append(time.perf_counter() - start)
+    return {name: Turns(min(values), statistics.median(values)) for name, values in times.items()}

@@ -18,7 +18,6 @@ from torch.utils.checkpoint import checkpoint
 
 from helpers.core import plots
 from helpers.core.device import cpu_threads as threads_for_cpu
-from helpers.core.device import pick_device, synchronize
 from helpers.core.fake import ExampleInput, first_device, split_args, with_batch
 from helpers.core.memory import (
     CATEGORIES,
@@ -32,7 +31,7 @@ from helpers.core.memory import (
 from helpers.core.models import transformer_lm
 from helpers.core.report import Report, column, format_bytes, format_seconds
 from helpers.core.step import forward_backward, resolve_amp, training_step
-from helpers.core.timing import time_once
+from helpers.core.timing import time_interleaved
 
 
 def demo_transformer(layers: int = 6, width: int = 128, seq_len: int = 128, vocab: int = 512, seed: int = 0) -> nn.Module:
@@ -138,29 +137,6 @@ def _on_device(example: ExampleInput, device: torch.device) -> ExampleInput:
     return moved[0] if isinstance(example, torch.Tensor) else type(example)(moved)
 
 
-def time_interleaved(functions: Mapping[str, Callable[[], object]], device: torch.device | str | None = None, rounds: int = 3,
-                     cpu_threads: int | None = 1) -> dict[str, float]:
-    """Seconds of one call of each function: the fastest of ``rounds`` interleaved rounds, after a warm-up call each.
-
-    Interleaving makes a passing disturbance of the machine (another process, a frequency
-    change) hit every function alike, and other work on the machine only ever adds time, so
-    the fastest round is the closest to the function's own cost. Work on the CPU runs on
-    ``cpu_threads`` threads (None: torch's setting): the comparisons are relative, and a
-    multi-threaded step on a machine shared with other work can stall for far longer than
-    one thread (every thread waits for the slowest at each operator).
-    """
-    device = pick_device(device)
-    with threads_for_cpu(cpu_threads):
-        for fn in functions.values():
-            fn()
-        times: dict[str, list[float]] = {name: [] for name in functions}
-        for _ in range(rounds):
-            for name, fn in functions.items():
-                synchronize(device)
-                times[name].append(time_once(fn, sync=device))
-    return {name: min(values) for name, values in times.items()}
-
-
 def real_step_peak(model: nn.Module, example: ExampleInput, optimizer: OptimizerChoice, **settings) -> int:
     """The tensor peak of one real training step under MemTracker (``measure_training_memory``), run on one CPU thread:
     tensor memory does not depend on the thread count, and one thread is not stalled by other work on the machine."""
@@ -174,7 +150,7 @@ def _update_times(setups: Mapping, example: ExampleInput, optimizer: OptimizerCh
         return {}
     updates = {key: update_function(example=example, optimizer=optimizer, **settings) for key, settings in setups.items()}
     device = first_device(next(iter(setups.values()))["model"])
-    return time_interleaved(updates, device, rounds)
+    return {key: t.fastest for key, t in time_interleaved(updates, device, rounds, cpu_threads=1).items()}
 
 
 def example_batch(model: nn.Module, batch_size: int) -> torch.Tensor:

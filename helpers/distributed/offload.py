@@ -19,7 +19,8 @@ from helpers.core.device import is_gpu
 from helpers.core.fake import first_device
 from helpers.core.memory import MasterWeightAdam, training_memory
 from helpers.core.report import Report, column, format_bytes, format_seconds
-from helpers.distributed.memsave import demo_transformer, example_batch, mean_square_loss, time_interleaved, update_function
+from helpers.core.timing import time_interleaved
+from helpers.distributed.memsave import demo_transformer, example_batch, mean_square_loss, update_function
 from helpers.hardware import transfer_sweep
 
 # Without a GPU, the estimate puts the model on one fake CPU device and the host memory on another.
@@ -105,7 +106,7 @@ def offload_memory(model: nn.Module | None = None, batch_size: int = 2, rounds: 
     seconds = {}
     if rounds > 0:
         updates = {"device": update_function(model, example, "adam"), "offloaded": update_function(model, example, offloaded_adam("cpu"))}
-        seconds = time_interleaved(updates, real_device, rounds)
+        seconds = {key: t.fastest for key, t in time_interleaved(updates, real_device, rounds, cpu_threads=1).items()}
     reports = [training_memory(model, example, loss_fn=mean_square_loss, device=accelerator, **settings) for _, settings in setups]
     moved = [2 * r.param_bytes if i else 0 for i, r in enumerate(reports)]  # gradients out, weights back: both the parameters' size
     bandwidth, basis = _copy_bandwidth_gbs(real_device, max(moved) // 2)

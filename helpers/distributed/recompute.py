@@ -21,7 +21,8 @@ from torch import nn
 from helpers.core.fake import first_device
 from helpers.core.memory import OptimizerChoice
 from helpers.core.report import Report, column, format_seconds
-from helpers.distributed.memsave import checkpointed, demo_transformer, example_batch, mean_square_loss, time_interleaved, update_function
+from helpers.core.timing import time_interleaved
+from helpers.distributed.memsave import checkpointed, demo_transformer, example_batch, mean_square_loss, update_function
 
 RULE_OF_THUMB = 1 / 3  # one extra forward on top of forward + backward = 3 forwards
 
@@ -127,7 +128,7 @@ def recompute_cost(model: nn.Module | None = None, batch_size: int = 8, every: i
     parts = {"forward": forward, "blocks": blocks_forward, "forward+backward": forward_backward,
              "update": update_function(model, example, optimizer), "update again": update_function(model, example, optimizer),
              "checkpointed": update_function(wrapped, example, optimizer)}
-    t = time_interleaved(parts, first_device(model), rounds)
+    t = {name: turns.fastest for name, turns in time_interleaved(parts, first_device(model), rounds, cpu_threads=1).items()}
     model.zero_grad(set_to_none=True)
     plain = min(t["update"], t["update again"])
     backward = max(t["forward+backward"] - t["forward"], 0.0)

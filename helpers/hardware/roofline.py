@@ -22,7 +22,6 @@ import contextlib
 import dataclasses
 import math
 import os
-import statistics
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
@@ -34,7 +33,7 @@ from matplotlib.ticker import FuncFormatter
 from helpers.core import plots
 from helpers.core.device import DTYPES, cpu_model, gpu_spec, is_gpu, peak_bandwidth, peak_flops, pick_device
 from helpers.core.report import Report, column, format_bytes, format_seconds
-from helpers.core.timing import timeit
+from helpers.core.timing import Turns, time_interleaved
 
 STORAGE_DTYPES = ("fp64", "fp32", "bf16", "fp16")  # tf32 is a matmul mode of fp32 tensors, not a storage format
 
@@ -500,13 +499,7 @@ def ieee_fp32(device: torch.device) -> Iterator[None]:
             setattr(obj, name, value)
 
 
-@dataclass(frozen=True)
-class Timing:
-    """Seconds per call of one workload: the fastest block ``helpers.timeit`` timed, and the median block."""
-
-    fastest: float
-    median: float
-
+Timing = Turns  # seconds per call of one workload: the fastest block ``helpers.timeit`` timed, and the median block
 
 DISTURBED = 1.5  # a median block this many times the fastest means other work shared the machine
 
@@ -521,13 +514,10 @@ def time_in_turns(workloads: Sequence[Workload], device: str | torch.device, min
     """
     _check_sizes(rounds=rounds)
     device = torch.device(device)
-    calls = [w.prepare() for w in workloads]
-    blocks: list[list[float]] = [[] for _ in calls]
+    calls = {i: w.prepare() for i, w in enumerate(workloads)}
     with ieee_fp32(device):
-        for _ in range(rounds):
-            for call, times in zip(calls, blocks):
-                times += timeit(call, device=device, min_run_time=min_run_time).times
-    return [Timing(min(times), statistics.median(times)) for times in blocks]
+        turns = time_interleaved(calls, device, rounds, min_run_time=min_run_time)
+    return [turns[i] for i in calls]
 
 
 def fastest_seconds(workloads: Sequence[Workload], device: str | torch.device, min_run_time: float = 0.1,

@@ -16,7 +16,7 @@ import torch
 
 from helpers.core.device import pick_device
 from helpers.core.report import Report, column, format_bytes, format_seconds
-from helpers.core.timing import timeit
+from helpers.core.timing import time_interleaved
 
 SAME_TIME = 1.15  # time ratios within this factor of 1 count as the same time
 
@@ -88,11 +88,8 @@ def sparse_matmul(n: int = 512, densities: Sequence[float] = (1.0, 0.5, 0.1, 0.0
         sparse = {d: w.to_sparse_csr() for d, w in weights.items()}
     calls = {(d, kind): (lambda w=w: w @ x) if kind == "dense" else (lambda s=sparse[d]: torch.sparse.mm(s, x))
              for d, w in weights.items() for kind in ("dense", "csr")}
-    seconds = {key: float("inf") for key in calls}
-    for _ in range(rounds):
-        for key, call in calls.items():
-            timing = timeit(call, device=device, min_run_time=min_run_time, num_threads=1 if device.type == "cpu" else None)
-            seconds[key] = min(seconds[key], min(timing.times))
+    turns = time_interleaved(calls, device, rounds, min_run_time=min_run_time, cpu_threads=1 if device.type == "cpu" else None)
+    seconds = {key: t.fastest for key, t in turns.items()}
     base = seconds[(1.0, "dense")]
     rows = []
     for d in sorted(densities, reverse=True):

@@ -11,12 +11,10 @@ import torch
 from torch import nn
 
 from helpers.core import plots
-from helpers.core.device import is_gpu, pick_device
+from helpers.core.device import dtype_name, is_gpu, pick_device
 from helpers.core.report import Report, column
 from helpers.core.step import resolve_amp
 from helpers.core.torch_adapters.dispatch import TorchDispatchMode
-
-DTYPE_NAMES = {torch.float64: "fp64", torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 # ---------------------------------------------------------------- number formats
 
@@ -185,12 +183,12 @@ def autocast_ops(fn: Callable, *args, device: str | torch.device | None = None, 
         if name == "_to_copy":
             runs_in = "cast"
         elif output == low or low in inputs:
-            runs_in = DTYPE_NAMES[low]
+            runs_in = dtype_name(low)
         else:
-            runs_in = DTYPE_NAMES.get(output, str(output))
-        shown = ", ".join(sorted({DTYPE_NAMES.get(d, str(d)) for d in inputs})) or "-"
-        rows.append(OpPrecision(name, shown, DTYPE_NAMES.get(output, str(output)), runs_in))
-    return AutocastOps(rows, [f"autocast on {device.type} with dtype {DTYPE_NAMES[low]}"])
+            runs_in = dtype_name(output)
+        shown = ", ".join(sorted({dtype_name(d) for d in inputs})) or "-"
+        rows.append(OpPrecision(name, shown, dtype_name(output), runs_in))
+    return AutocastOps(rows, [f"autocast on {device.type} with dtype {dtype_name(low)}"])
 
 
 # ---------------------------------------------------------------- fp16 underflow and loss scaling

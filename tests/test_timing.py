@@ -1,0 +1,33 @@
+"""helpers.core.timing: the interleaved rounds every comparison of timings in the kit goes through."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from helpers.core.timing import Turns, time_interleaved
+
+
+def test_functions_take_turns_after_one_warm_up_each():
+    calls = []
+    turns = time_interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, rounds=3)
+    assert calls == ["a", "b"] * 4  # one warm-up each, then rounds taken in turn
+    assert set(turns) == {"a", "b"} and all(0 <= t.fastest <= t.median for t in turns.values())
+
+
+def test_the_fastest_round_finds_each_functions_own_cost():
+    # sleeping only ever overshoots, so the fastest round is close to the time asked for, even on a busy machine
+    turns = time_interleaved({"10 ms": lambda: time.sleep(0.01), "40 ms": lambda: time.sleep(0.04)}, rounds=3)
+    assert 0.01 <= turns["10 ms"].fastest < 0.03 and 0.04 <= turns["40 ms"].fastest
+    assert 2 < turns["40 ms"].fastest / turns["10 ms"].fastest < 4.5
+
+
+def test_blocks_of_timeit_count_when_a_minimum_run_time_is_given():
+    turns = time_interleaved({"sum": lambda: sum(range(1000))}, rounds=2, min_run_time=0.01)
+    assert turns["sum"].fastest < 1e-3 and turns["sum"].spread >= 1.0
+
+
+def test_spread_is_median_over_fastest():
+    assert Turns(0.5, 1.0).spread == 2.0 and Turns(0.0, 1.0).spread == float("inf")
+    with pytest.raises(ValueError, match="rounds"):
+        time_interleaved({"a": lambda: None}, rounds=0)
