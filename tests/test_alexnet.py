@@ -36,7 +36,7 @@ def test_single_card_figures_against_the_papers_shapes(case):
     assert case.single.categories["input"] == batch_input
     # at least: weights and momentum (8 bytes a parameter), the batch, and conv1's output kept for the backward pass
     floor = 8 * weights + batch_input + conv1_output
-    assert floor < case.single_peak_bytes < 3 * floor
+    assert floor < case.single_peak_bytes < 4 * floor
     assert case.batch_size == 128 and case.single_peak_bytes == case.single.peak_bytes
     assert case.card_bytes == CARD and case.card is GTX_580_3GB
     one = case.rows[0]

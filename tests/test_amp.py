@@ -1,14 +1,12 @@
 """helpers.training.amp: bytes per parameter and activations of a training step (via training_memory), fp32 vs AMP."""
 from __future__ import annotations
 
-import copy
 import dataclasses
 
 import pytest
 import torch
 from torch import nn
 
-from helpers.core.timing import timeit
 from helpers.training import amp
 
 
@@ -40,22 +38,15 @@ def test_step_memory_with_sgd_momentum_is_twelve_bytes_per_parameter():
         amp.step_memory(_mlp(), torch.randn(32, 64), "lion")
 
 
-def test_amp_comparison_times_the_steps_it_names_and_plots():
+def test_amp_comparison_reports_both_modes_against_figures_worked_by_hand():
     model, x = _mlp(), torch.randn(128, 64)
-    report = amp.amp_comparison(model, x, "cpu", min_run_time=0.05)
+    report = amp.amp_comparison(model, x, "cpu", min_run_time=0.02)
     assert [r.mode for r in report.rows] == ["fp32", "AMP bf16"]
     assert report.fp32.speedup == 1.0 and report.amp.speedup == pytest.approx(report.fp32.step_seconds / report.amp.step_seconds)
 
-    def step(net, opt, dtype):  # the same two steps written here with torch.autocast, timed apart from the report
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype is not None):
-            loss = net(x).float().pow(2).mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    for dtype, row in ((None, report.fp32), (torch.bfloat16, report.amp)):
-        net = copy.deepcopy(model)
-        ours = timeit(step, net, torch.optim.Adam(net.parameters()), dtype, min_run_time=0.05).median
-        assert 0.25 < row.step_seconds / ours < 4, (row.mode, row.step_seconds, ours)  # wide margins: a loaded machine
+    # worked by hand for fp32 at batch 128: four 128x64 tensors kept for the backward pass (each Linear's and GELU's
+    # output), the 128x8 output and the scalar loss, 4 bytes each
+    assert report.fp32.memory.activation_bytes == 4 * (4 * 128 * 64 + 128 * 8 + 1)
     assert report.amp.memory.activation_bytes < report.fp32.memory.activation_bytes
     assert "bytes per parameter" in report.table()
     assert len(report.plot().patches) == 8  # four categories x two modes

@@ -174,12 +174,16 @@ def test_batch_throughput_derives_samples_per_second_and_per_sample_speedup():
     assert many.speedup_per_sample == pytest.approx((one.step_seconds / 1) / (many.step_seconds / 64))
     assert many.speedup_per_sample > 1  # a batch of 64 costs far less than 64 single steps
     assert len(report.plot().get_lines()) == 1
-    one.samples_per_second, many.samples_per_second = 1000.0, 1100.0  # the reading follows the rows, whatever they hold
+    assert all(r.spread >= 1.0 for r in report.rows)
+    one.spread = many.spread = 1.1  # quiet rounds: the reading follows the rows, whatever they hold
+    one.samples_per_second, many.samples_per_second = 1000.0, 1100.0
     assert "only 1.10x" in report.reading() and "was full" in report.reading()
     many.samples_per_second = 10_000.0
     assert "still rose 10.0x" in report.reading() and "larger batches" in report.reading()
     many.samples_per_second = 500.0
     assert "fell over the last step (batch 1 to 64: 0.50x)" in report.reading()
+    many.spread = 3.0  # rounds far apart: no trend is read from them, and the reading says why
+    assert report.reading().startswith("These timings are too noisy") and "batch 64 the median round took 3.0x" in report.reading()
 
 
 def test_batch_throughput_leaves_the_callers_model_as_it_was():

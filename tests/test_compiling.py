@@ -4,9 +4,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers.core.timing import timeit
 from helpers.training.compiling import eager_vs_compiled
 from helpers.training.workloads import tiny_mlp
+
+
+def graphs_compiled() -> int:
+    """How many graphs torch.compile (dynamo) has compiled in this process, by its own count."""
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
 
 def pointwise_chain(x: torch.Tensor) -> torch.Tensor:
@@ -16,6 +20,7 @@ def pointwise_chain(x: torch.Tensor) -> torch.Tensor:
 
 
 def test_torch_compile_gives_the_eager_result_and_reports_compile_time_separately():
+    graphs_before = graphs_compiled()
     report = eager_vs_compiled(pointwise_chain, torch.randn(16, 64), min_run_time=0.02)
     eager, compiled = report.rows
     assert eager.mode == "eager" and eager.speedup == 1.0 and eager.compile_seconds == 0
@@ -24,11 +29,9 @@ def test_torch_compile_gives_the_eager_result_and_reports_compile_time_separatel
     else:  # no usable C++ compiler on this machine: TorchScript, and the reason says why
         assert compiled.mode.startswith("TorchScript")
     assert compiled.max_difference < 1e-4
-    # figures from outside the report: compiling costs far more than a run of the chain, and the eager time per call
-    # agrees with a timing taken here (wide margins: a loaded machine)
-    assert compiled.compile_seconds > 20 * eager.steady_seconds
-    ours = timeit(pointwise_chain, torch.randn(16, 64), min_run_time=0.02).median
-    assert 0.25 < eager.steady_seconds / ours < 4
+    # from outside the report: torch's own compile counter saw the compilation the report timed
+    if report.fallback_reason is None:
+        assert graphs_compiled() > graphs_before and compiled.compile_seconds > 0
     assert compiled.speedup == pytest.approx(eager.steady_seconds / compiled.steady_seconds)
     if compiled.break_even_calls is not None:  # "pays off after n calls": the compile time over the saving per call
         assert compiled.break_even_calls == pytest.approx(compiled.compile_seconds / (eager.steady_seconds - compiled.steady_seconds))

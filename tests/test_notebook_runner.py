@@ -99,3 +99,15 @@ def test_html_copies_show_widgets_and_progress_with_no_network(tmp_path):
     assert re.search(r"steps:\s*100%.*10/10", page, re.S), "the progress bar is shown as text"
     for source in re.findall(r'<script src="([^"]+)"', page):
         assert re.search(r"/\d+\.\d+(\.\d+)?/", source), f"unpinned script {source}"
+
+
+def test_lesson_figures_come_back_and_the_runners_cell_leaves_no_trace(tmp_path):
+    notebook = write_notebook(tmp_path / "f.ipynb", "import numpy as np\nspeedup = np.float64(2.5)",
+                              "lesson_figures = {'speedup': speedup, 'rows': [1, 2], 'device': 'cpu'}")
+    run = execute_notebook(notebook, tmp_path / "out")
+    assert run.status == "ok" and run.figures == {"speedup": 2.5, "rows": [1, 2], "device": "cpu"}
+    executed = nbformat.read(run.output, as_version=4)
+    assert len(executed.cells) == 2
+    assert "edl-lesson-figures" not in nbformat.writes(executed) and "edl-lesson-figures" not in run.html.read_text()
+    plain = execute_notebook(write_notebook(tmp_path / "g.ipynb", "x = 1"), tmp_path / "out", html=False)
+    assert plain.figures is None

@@ -45,6 +45,45 @@ class NotebookRun:
     error: str | None
     output: Path
     html: Path | None
+    figures: dict | None = None  # the notebook's ``lesson_figures`` after its run (see LESSON_FIGURES), None if it defines none
+
+
+# The convention that lets tests check what a lecture measured without reading its prose: a lecture's last code
+# cell defines ``lesson_figures = {"name": value, ...}`` from the variables it measured (numbers, strings, lists).
+# The runner adds one cell after it that hands the dict back as JSON, reads it, and removes that cell again.
+LESSON_FIGURES = "lesson_figures"
+_FIGURES_MIME = "application/vnd.edl-kit.lesson-figures+json"
+_FIGURES_TAG = "edl-lesson-figures"
+_FIGURES_SOURCE = f"""\
+# added by helpers.course.notebooks: hands back the lecture's {LESSON_FIGURES} (removed from the executed copy)
+if "{LESSON_FIGURES}" in globals():
+    import json as _json
+    from IPython.display import display as _display
+    _display({{"{_FIGURES_MIME}": _json.loads(_json.dumps({LESSON_FIGURES}, default=lambda v: float(v) if hasattr(v, "__float__") else str(v)))}}, raw=True)
+"""
+
+
+def _with_figures_cell(path: Path) -> nbformat.NotebookNode:
+    nb = nbformat.read(path, as_version=4)
+    cell = nbformat.v4.new_code_cell(_FIGURES_SOURCE, metadata={"tags": [_FIGURES_TAG]})
+    cell.id = "edl-lesson-figures"
+    nb.cells.append(cell)
+    return nb
+
+
+def take_figures(output: Path, source: Path) -> dict | None:
+    """The ``lesson_figures`` the executed notebook at ``output`` handed back; the runner's cell is removed from it
+    (and papermill's record of the input becomes the ``source`` path it was read from)."""
+    nb = nbformat.read(output, as_version=4)
+    if isinstance(nb.metadata.get("papermill", {}).get("input_path"), dict):
+        nb.metadata.papermill.input_path = str(source)
+    ours = [c for c in nb.cells if _FIGURES_TAG in c.get("metadata", {}).get("tags", [])]
+    if not ours:
+        return None
+    figures = next((o["data"][_FIGURES_MIME] for o in ours[0].get("outputs", []) if _FIGURES_MIME in o.get("data", {})), None)
+    nb.cells = [c for c in nb.cells if c not in ours]
+    nbformat.write(nb, output)
+    return figures
 
 
 class RunReport(Report):
@@ -106,7 +145,7 @@ def execute_notebook(
     error = None
     try:
         papermill.execute_notebook(
-            str(path),
+            _with_figures_cell(path),
             str(output),
             parameters=parameters or {},
             cwd=str(path.parent),
@@ -117,8 +156,9 @@ def execute_notebook(
     except Exception as err:  # noqa: BLE001 - every failure becomes a row, never a crash
         error = describe_failure(err)
     seconds = time.perf_counter() - start
+    figures = take_figures(output, path) if output.exists() else None
     html_path = export_html(output) if html and output.exists() else None
-    return NotebookRun(str(relative), "ok" if error is None else "failed", seconds, error, output, html_path)
+    return NotebookRun(str(relative), "ok" if error is None else "failed", seconds, error, output, html_path, figures)
 
 
 def export_html(notebook: Path) -> Path:
