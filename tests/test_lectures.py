@@ -1,4 +1,9 @@
-"""Every lecture notebook executes top to bottom under papermill (quick profile)."""
+"""Every lecture notebook executes top to bottom under papermill (quick profile), and what it measured holds up.
+
+A lecture's last code cell defines ``lesson_figures = {...}`` (see helpers.course.notebooks.LESSON_FIGURES and
+ARCHITECTURE.md); ``FIGURE_CHECKS`` checks at least one measured figure of each lecture named there against an
+invariant of its own: a parity, a count, a size worked by hand, a verdict that must follow from its share.
+"""
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,12 +18,82 @@ ROOT = Path(__file__).resolve().parents[1]
 LECTURES = find_notebooks(ROOT / "lectures")
 
 
+def gpu_architecture(f):
+    seconds = f["overlap_seconds"]
+    if "sum of the two (no overlap)" in seconds:  # a CPU: the timed sequential loop costs about the sum of its parts
+        assert 0.4 < seconds["copy then compute (measured)"] / seconds["sum of the two (no overlap)"] < 2.5, seconds
+    else:  # a GPU: overlapping never beats the slower of copying and computing alone (10% timing margin)
+        assert seconds["non_blocking from pinned memory, side stream"] > 0.9 * seconds["ideal: max(copies, compute)"], seconds
+
+
+def hardware_ecosystem(f):
+    assert f["lenet_param_bytes"] == 4 * f["lenet_parameters"]  # fp32 weights
+    assert 2 * f["lenet_param_bytes"] <= f["adam_state_bytes"] <= 2 * f["lenet_param_bytes"] + 1024  # two moments, and step counters
+    assert all(v > 0 for v in f["samples_per_second"].values())
+
+
+def gpu_programming_model(f):
+    errors = f["kernel_max_errors"]
+    assert errors and all(e < 1e-2 for e in errors.values()), errors  # every kernel computes the product torch.matmul does
+
+
+def web_services(f):
+    assert f["load_test_errors"] == 0
+    assert all(f["same_answers"])  # gRPC answers what HTTP answers
+    sizes = f["request_bytes"]
+    assert sizes["gRPC + protobuf"] < sizes["HTTP + JSON"]  # 4 bytes a pixel against its decimal text
+
+
+def formats_runtimes_batching(f):
+    assert all(f["within_tolerance"].values()), f["within_tolerance"]
+    sizes = f["file_bytes"]
+    assert sizes["ONNX int8"] < 0.5 * sizes["ONNX fp32"]  # one byte a weight against four, plus the graph
+    assert f["batching_errors"] == 0
+
+
+def making_models_cheaper(f):
+    sizes, nonzero = f["file_bytes"], f["nonzero"]
+    assert sizes["dynamic int8"] < 0.5 * sizes["served MLP (fp32)"]
+    for name, share in nonzero.items():
+        if name.startswith("pruned "):  # "pruned 50%" keeps at most half the weights
+            assert share <= 1 - float(name.split()[1].rstrip("%")) / 100 + 0.01, (name, share)
+    assert all(0 <= a <= 1 for a in f["accuracy"].values())
+
+
+def experiment_tracking(f):
+    assert f["runs"] == f["grid"]  # one tracked run per point of the grid
+    assert f["champion_run"] == f["best_run"] and f["reloaded_predicts_the_same"]
+
+
+def testing_monitoring(f):
+    assert f["same_seed_same_weights"] is True
+    for test, (share, required, passed) in f["behaviour"].items():
+        assert passed == (share >= required), test  # the verdict follows the measured share
+
+
+FIGURE_CHECKS = {
+    "01-gpu-architecture-and-benchmarking.ipynb": gpu_architecture,
+    "02-hardware-ecosystem.ipynb": hardware_ecosystem,
+    "03-gpu-programming-model.ipynb": gpu_programming_model,
+    "06-web-services.ipynb": web_services,
+    "07-formats-runtimes-batching.ipynb": formats_runtimes_batching,
+    "08-making-models-cheaper.ipynb": making_models_cheaper,
+    "09-experiment-tracking.ipynb": experiment_tracking,
+    "10-testing-debugging-monitoring.ipynb": testing_monitoring,
+}
+
+
 def test_the_kit_has_lecture_notebooks():
     assert LECTURES, "no notebooks under lectures/"
+    assert set(FIGURE_CHECKS) <= {p.name for p in LECTURES}, "a figure check names a lecture that is gone: rename it with the lecture"
 
 
 @pytest.mark.parametrize("notebook", LECTURES, ids=[str(p.relative_to(ROOT / "lectures")) for p in LECTURES])
-def test_lecture_runs(notebook, tmp_path):
+def test_lecture_runs_and_its_figures_hold(notebook, tmp_path):
     run = execute_notebook(notebook, tmp_path, parameters={"quick": True}, root=ROOT / "lectures", html=False)
     if run.status != "ok":
         pytest.fail(f"{run.notebook} failed after {run.seconds:.0f} s:\n{run.error}", pytrace=False)
+    check = FIGURE_CHECKS.get(notebook.name)
+    if check is not None:
+        assert run.figures is not None, f"{run.notebook} defines no lesson_figures: its last code cell must (see ARCHITECTURE.md)"
+        check(run.figures)
