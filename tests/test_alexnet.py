@@ -94,6 +94,34 @@ def test_precision_changes_the_peak():
         profile_layer_alexnet(precision="int8")
 
 
+def test_the_layer_chart_follows_the_precision():
+    from helpers.hardware.widgets import render_png
+
+    fp32, half, amp = (profile_layer_alexnet(batch_size=32, precision=p) for p in ("fp32", "fp16", "amp"))
+    conv1 = {name: case.layers.rows[0] for name, case in (("fp32", fp32), ("fp16", half), ("amp", amp))}
+    assert conv1["fp16"].outputs * 2 == conv1["fp32"].outputs and conv1["fp16"].weights * 2 == conv1["fp32"].weights
+    assert conv1["amp"].outputs * 2 == conv1["fp32"].outputs and conv1["amp"].weights == conv1["fp32"].weights  # fp32 master weights
+    assert "fp16" in half.plot().figure.axes[0].get_title()
+    assert render_png(fp32) != render_png(half)
+
+
+def test_one_redraw_estimates_each_batch_size_once(monkeypatch):
+    from collections import Counter
+
+    from helpers.hardware import alexnet
+
+    seen = Counter()
+    real = alexnet.training_memory
+
+    def counted(model, example, *args, **kwargs):
+        seen[(type(model).__name__, example.shape[0], kwargs.get("device") is not None)] += 1
+        return real(model, example, *args, **kwargs)
+    monkeypatch.setattr(alexnet, "training_memory", counted)
+    alexnet._cached_peak.cache_clear()
+    profile_layer_alexnet(batch_size=96, precision="amp")
+    assert seen and max(seen.values()) == 1, [k for k, n in seen.items() if n > 1]
+
+
 def test_another_network_gets_one_card_figures_only():
     report = profile_layer_alexnet(torchvision_alexnet(), batch_size=16)
     assert report.split is None and not any("GPU 0" in r.configuration for r in report.rows)

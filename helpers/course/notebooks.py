@@ -120,6 +120,14 @@ class LocalKernelManager(KernelManager):
     def _local_transport(self):
         return "ipc" if sys.platform != "win32" else "tcp"
 
+    async def _async_interrupt_kernel(self) -> None:
+        # jupyter_client interrupts a kernel (SIGINT) before asking it to shut down; one still finishing its last
+        # message then logs "KeyboardInterrupt caught in kernel." in the middle of `make lectures`' table. A finished
+        # notebook's kernel has nothing to interrupt: the shutdown request alone ends it (and a hung one is killed).
+        if self.shutting_down:
+            return
+        await super()._async_interrupt_kernel()
+
 
 def execute_notebook(
     path: str | Path,

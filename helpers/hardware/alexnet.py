@@ -8,6 +8,7 @@ is estimated separately, each with its basis, and shown as its own line.
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -43,6 +44,15 @@ def _precision_settings(precision: str) -> dict:
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     return {"fp32": {}, "amp": {"amp": resolve_amp(True, "cuda")}, "fp16": {"dtype": torch.float16}}[precision]
+
+
+def layer_working_sets(model: nn.Module, example: torch.Tensor, precision: str) -> LayerMemory:
+    """Each layer's working set in training, in the case's precision: "fp16" casts the model and the input to half,
+    "amp" runs under fp16 autocast (weights stay fp32, what autocast computes is half)."""
+    if precision == "fp16":
+        return profile_layer_mem(copy.deepcopy(model).to(torch.float16), example.to(torch.float16), mode="training")
+    with torch.autocast("cpu", dtype=torch.float16, enabled=precision == "amp"):
+        return profile_layer_mem(model, example, mode="training")
 
 
 @dataclass
@@ -124,7 +134,7 @@ class AlexNetCase(Report):
         """Draw the layer chart on ``left`` (when given) and the cards' memory on ``right``; returns ``right``."""
         if left is not None:
             self.layers.plot(left)
-            left.set_title(f"working set per layer (training, batch {self.batch_size})")
+            left.set_title(f"working set per layer (training, batch {self.batch_size}, {self.precision})")
         bars = [("one GPU", self.single, self.single.device, self.overheads["one GPU"])]
         if self.split:
             bars += [(GPU_NAMES[d], self.split, d, self.overheads[GPU_NAMES[d]]) for d in TOWER_DEVICES.values()]
@@ -201,7 +211,7 @@ def profile_layer_alexnet(
     example = torch.empty(batch_size, *getattr(whole, "input_shape", ALEXNET_INPUT), device="meta")
     card_bytes = int(card.memory_gb * 2**30)
     context = cuda_context_bytes()
-    layers = profile_layer_mem(whole, example, mode="training")
+    layers = layer_working_sets(whole, example, precision)
     one_card = _Estimates(*convolution_workspace_per_sample(whole, layers, element_bytes), fragmentation, context)
     single = training_memory(whole, example, paper_sgd, **settings)
     overheads = {"one GPU": one_card.at(batch_size, single.peak_bytes)}
@@ -209,13 +219,19 @@ def profile_layer_alexnet(
     split_report = None
     if split is not None:
         split_report = training_memory(split, example, paper_sgd, device=TOWER_DEVICES, **settings)
-        split_layers = profile_layer_mem(split, example, mode="training")
+        split_layers = layer_working_sets(split, example, precision)
         for tower, device in TOWER_DEVICES.items():
             name, peak = GPU_NAMES[device], split_report.peak_by_device[device]
             card_estimates = _Estimates(*convolution_workspace_per_sample(split, split_layers, element_bytes, tower + "."), fragmentation, context)
             overheads[name] = card_estimates.at(batch_size, peak)
             rows.append(_row(f"two GPUs (split): {name}", batch_size, peak, overheads[name], card_bytes))
-    peak_of = _peak_function(whole, precision)
+    estimate = _peak_function(whole, precision)
+    peaks = {0: 0, batch_size: single.peak_bytes}  # each batch size's step is estimated once in this call
+
+    def peak_of(batch: int) -> int:
+        if batch not in peaks:
+            peaks[batch] = estimate(batch)
+        return peaks[batch]
 
     def with_estimates_of(batch: int) -> int:
         tensors = peak_of(batch)
