@@ -6,6 +6,7 @@ otherwise each test is skipped and says what to install.
 from __future__ import annotations
 
 import base64
+import io
 import os
 import shutil
 import subprocess
@@ -169,3 +170,29 @@ def test_an_exported_lecture_shows_every_output_with_no_network(tmp_path, page):
     assert any(o["images"] and all(o["images"]) for o in outputs), "the explorer's chart did not load offline"
     shown = " ".join(o["text"] for o in outputs)
     assert "batch size" in shown and "steps" in shown and "plain text output" in shown, shown
+    assert not refused, f"the exported page asked the network for {refused}"
+
+
+def test_choosing_fp16_redraws_both_charts_in_half_precision(lab_url, page):
+    """The explorer's left chart (working set per layer) changes with the precision, as its table does."""
+    from PIL import Image
+
+    from helpers.hardware import profile_layer_alexnet
+    from helpers.hardware.widgets import render_png
+
+    root, url = lab_url
+    open_notebook(page, url("explorer.ipynb"))
+    page.click(".jp-Notebook .jp-Cell .cm-content")
+    page.keyboard.press("Shift+Enter")
+    page.wait_for_function("() => document.querySelector('.widget-output img')", timeout=120_000)
+    first = shown_chart(page)
+    page.get_by_role("button", name="fp16").click()
+    page.wait_for_function("(first) => { const img = document.querySelector('.widget-output img');"
+                           " return img && img.getAttribute('src') !== first; }", arg=first, timeout=120_000)
+    time.sleep(1)
+    shown = base64.b64decode(shown_chart(page).partition(",")[2])
+    assert shown == render_png(profile_layer_alexnet(None, 128, "fp16"))
+    before, after = (Image.open(io.BytesIO(png)).convert("L") for png in (base64.b64decode(first.partition(",")[2]), shown))
+    half = (0, 0, before.width * 3 // 5, before.height)  # the left chart: three fifths of the figure's width
+    assert before.size == after.size and before.crop(half).tobytes() != after.crop(half).tobytes(), "the layer chart did not change"
+    assert not page.errors, f"browser console errors: {page.errors}"

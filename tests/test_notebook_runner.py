@@ -85,7 +85,7 @@ def test_a_failing_run_keeps_the_last_good_build_and_says_where_the_new_one_is(t
 
 
 def test_html_copies_show_widgets_and_progress_with_no_network(tmp_path):
-    """The AlexNet explorer and a tqdm bar, exported: frozen to what they showed, no widget renderer, no unpinned asset."""
+    """The AlexNet explorer and a tqdm bar, exported: frozen to what they showed, no widget renderer, nothing from the network."""
     import re
 
     notebook = write_notebook(tmp_path / "w.ipynb", "from helpers import alexnet_explorer\nalexnet_explorer(batch_size=64)",
@@ -97,8 +97,8 @@ def test_html_copies_show_widgets_and_progress_with_no_network(tmp_path):
     assert "<b>batch size</b>: 64" in page, "the explorer's controls are shown as their setting"
     assert page.count("data:image/png;base64") >= 1, "the explorer's chart is embedded as an image"
     assert re.search(r"steps:\s*100%.*10/10", page, re.S), "the progress bar is shown as text"
-    for source in re.findall(r'<script src="([^"]+)"', page):
-        assert re.search(r"/\d+\.\d+(\.\d+)?/", source), f"unpinned script {source}"
+    fetched = re.findall(r'<(?:script|link|img)[^>]+(?:src|href)="((?:https?:)?//[^"]+)"', page) + re.findall(r'import\(\s*["\'](https?://[^"\']+)', page)
+    assert not fetched, f"the page fetches {fetched} from the network: an exported lecture must read offline"
 
 
 def test_lesson_figures_come_back_and_the_runners_cell_leaves_no_trace(tmp_path):

@@ -81,3 +81,16 @@ def test_a_reference_line_label_sits_above_its_line():
     line_y = ax.transData.transform((0, 3.0))[1]
     assert label.get_window_extent(fig.canvas.get_renderer()).y0 > line_y, "the label's text crosses its own line"
     plt.close(fig)
+
+
+def test_a_pie_title_clears_its_highest_wedge_label():
+    ax = plots.pie_chart({"Conv2d": 40, "Linear": 50, "other: ReLU, MaxPool2d": 3}, title="LeNet: memory by part")
+    renderer = ax.figure.canvas.get_renderer()
+    title = ax.title.get_window_extent(renderer)
+    assert all(title.y0 >= t.get_window_extent(renderer).y1 - 0.5 for t in ax.texts), "the title overlaps a wedge label"
+
+
+def test_heatmap_digits_are_dark_on_light_cells_and_light_on_dark_ones():
+    ax = plots.grid_heatmap([[0, 9]])
+    colors = {t.get_text(): t.get_color() for t in ax.texts}
+    assert colors == {"0": "white", "9": "black"}  # viridis runs from dark purple to yellow

@@ -197,7 +197,7 @@ def pie_chart(shares: Mapping[str, float], ax=None, *, title: str = ""):
     if ax is None:
         _, ax = plt.subplots(figsize=(5, 5))
     items = [(k, v) for k, v in shares.items() if v > 0]
-    ax.pie(
+    _, labels, _ = ax.pie(
         [v for _, v in items],
         labels=[k for k, _ in items],
         colors=[color_for(k, i) for i, (k, _) in enumerate(items)],
@@ -205,9 +205,18 @@ def pie_chart(shares: Mapping[str, float], ax=None, *, title: str = ""):
         startangle=90,
         counterclock=False,
     )
-    ax.set_title(title)
     ax.axis("equal")
+    # wedge labels sit outside the pie and may reach above the axes: the title goes above the highest one
+    ax.set_title(title, pad=6 + _points_above_axes(ax, labels))
     return ax
+
+
+def _points_above_axes(ax, texts) -> float:
+    """How far (points) the highest of ``texts`` reaches above the top of ``ax``; 0 when none does."""
+    figure = ax.figure
+    renderer = figure.canvas.get_renderer()
+    top = max((t.get_window_extent(renderer).y1 for t in texts), default=0.0)
+    return max(0.0, (top - ax.get_window_extent(renderer).y1) * 72 / figure.dpi)
 
 
 def horizontal_line(ax, y: float, label: str, color: str = "black") -> None:
@@ -224,13 +233,19 @@ def vertical_line(ax, x: float, label: str, color: str = "black") -> None:
     ax.annotate(label, xy=(x, 1.0), xycoords=("data", "axes fraction"), xytext=(3, -4), textcoords="offset points", rotation=90, ha="left", va="top", fontsize=8, color=color)
 
 
+def text_color_on(background) -> str:
+    """Black or white, whichever reads better on ``background`` (an RGB(A) colour): by its relative luminance."""
+    red, green, blue = matplotlib.colors.to_rgb(background)
+    return "black" if 0.2126 * red + 0.7152 * green + 0.0722 * blue > 0.45 else "white"
+
+
 def grid_heatmap(grid, ax=None, *, title: str = "", idle: int | None = None, xlabel: str = "", ylabel: str = ""):
     """A 2-D grid of small integers as coloured cells, each labelled with its value; cells equal to ``idle`` are grey."""
     values = np.asarray(grid)
     if ax is None:
         _, ax = plt.subplots(figsize=(5, 5))
     masked = np.ma.masked_equal(values, idle) if idle is not None else np.ma.asarray(values)
-    ax.imshow(masked, cmap=plt.get_cmap("viridis").with_extremes(bad="#e0e0e0"), aspect="equal")
+    image = ax.imshow(masked, cmap=plt.get_cmap("viridis").with_extremes(bad="#e0e0e0"), aspect="equal")
     ax.set_title(title)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
@@ -238,7 +253,7 @@ def grid_heatmap(grid, ax=None, *, title: str = "", idle: int | None = None, xla
     if values.size <= 400:
         for (r, c), v in np.ndenumerate(values):
             if idle is None or v != idle:
-                ax.text(c, r, str(v), ha="center", va="center", fontsize=8, color="white")
+                ax.text(c, r, str(v), ha="center", va="center", fontsize=8, color=text_color_on(image.cmap(image.norm(v))))
     ax.set_xticks(range(values.shape[1]))
     ax.set_yticks(range(values.shape[0]))
     return ax

@@ -169,19 +169,31 @@ def execute_notebook(
     return NotebookRun(str(relative), "ok" if error is None else "failed", seconds, error, output, html_path, figures)
 
 
+# nbconvert's lab template less every script it would fetch from a CDN: an exported lecture reads offline.
+OFFLINE_TEMPLATE = """{%- extends 'lab/index.html.j2' -%}
+{%- block html_head_js_requirejs -%}{%- endblock html_head_js_requirejs -%}
+{%- block html_head_js_mathjax -%}{%- endblock html_head_js_mathjax -%}
+{%- block html_head_js_mermaidjs -%}{%- endblock html_head_js_mermaidjs -%}
+{%- block jupyter_widgets -%}{%- endblock jupyter_widgets -%}
+"""
+
+
 def export_html(notebook: Path) -> Path:
     """Write ``notebook`` as a standalone HTML page beside it, readable offline: widgets frozen to what they showed.
 
-    Images are embedded; no widget renderer is loaded (see helpers.course.static_widgets). MathJax and
-    require.js come from nbconvert's pinned CDN versions; offline, formulas show as their LaTeX source.
+    Images are embedded; no widget renderer is loaded (see helpers.course.static_widgets), and nothing
+    comes from the network: nbconvert's lab template without its CDN scripts (require.js, MathJax,
+    Mermaid; the lectures typeset no formulas, so none shows as raw LaTeX).
     """
+    from jinja2 import DictLoader
     from nbconvert import HTMLExporter
 
     from helpers.course.static_widgets import freeze_widgets
 
     nb = nbformat.read(notebook, as_version=4)
     freeze_widgets(nb)
-    body, _ = HTMLExporter().from_notebook_node(nb)
+    exporter = HTMLExporter(extra_loaders=[DictLoader({"offline.html.j2": OFFLINE_TEMPLATE})], template_file="offline.html.j2")
+    body, _ = exporter.from_notebook_node(nb)
     target = notebook.with_suffix(".html")
     target.write_text(body, encoding="utf-8")
     return target
