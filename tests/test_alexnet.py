@@ -84,6 +84,9 @@ def test_plot_shows_layers_and_cards_against_the_card(case):
     assert "working set" in left.get_title()
     assert [t.get_text() for t in right.get_xticklabels()] == ["one GPU", "GPU 0", "GPU 1"]
     assert any(line.get_ydata()[0] == CARD for line in right.get_lines())
+    assert not [t.get_text() for t in right.texts if "GTX" in t.get_text()], "the card's name is written across the bars"
+    assert "GTX 580" in " ".join(t.get_text() for t in right.get_legend().get_texts())
+    assert all(t.get_fontsize() >= 10 for legend in (left.get_legend(), right.get_legend()) if legend for t in legend.get_texts())
 
 
 def test_precision_changes_the_peak():

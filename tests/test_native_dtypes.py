@@ -49,13 +49,13 @@ def test_this_cpus_evidence_names_the_flags_it_reads():
 def test_a_real_comparison_prints_one_sentence_per_format_that_matches_its_row():
     report = dtype_speed(n=32, device="cpu", min_run_time=0.01, rounds=1)
     assert [(r.device, r.dtype) for r in report.rows] == [("cpu", "fp32"), ("cpu", "bf16"), ("cpu", "fp16")]
-    assert report.find(dtype="fp32").time_vs_fp32 == 1.0
+    assert report.find(dtype="fp32").speedup_vs_fp32 == 1.0
     lines = report.sentences().splitlines()
     assert [line.split()[0] for line in lines[:2]] == ["bf16", "fp16"]
     assert lines[2:] == ([report.disturbance] if report.disturbance else [])
     for line, row in zip(lines, report.rows[1:]):
         shown = float(re.search(r"([\d.]+)x", line).group(1))
-        expected = 1 / row.time_vs_fp32 if "faster" in line.split(":")[1] else row.time_vs_fp32
+        expected = row.speedup_vs_fp32 if "faster" in line.split(":")[1] else 1 / row.speedup_vs_fp32
         assert shown == pytest.approx(expected, abs=0.051)
         assert ("finds no native" in line) == (not row.native)
 

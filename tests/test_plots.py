@@ -94,3 +94,9 @@ def test_heatmap_digits_are_dark_on_light_cells_and_light_on_dark_ones():
     ax = plots.grid_heatmap([[0, 9]])
     colors = {t.get_text(): t.get_color() for t in ax.texts}
     assert colors == {"0": "white", "9": "black"}  # viridis runs from dark purple to yellow
+
+
+def test_a_scatter_from_zero_shows_a_small_difference_as_small():
+    ax = plots.labelled_scatter({"plain": (430.0, 40.0), "batched": (456.0, 42.0)}, from_zero=True)
+    (x0, x1), (y0, _) = ax.get_xlim(), ax.get_ylim()
+    assert x0 == 0 and y0 == 0 and (456 - 430) / (x1 - x0) < 0.1  # 6% of the throughput is under a tenth of the axis

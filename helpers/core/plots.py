@@ -369,11 +369,19 @@ def horizontal_bars(names: Sequence[str], values: Sequence[float], ax=None, **la
     return ax
 
 
-def labelled_scatter(points: Mapping[str, tuple[float, float]], ax=None, notes: Mapping[str, str] | None = None, **labels):
-    """One labelled point per name (x, y); ``notes`` adds a second line under a point's label."""
+def labelled_scatter(points: Mapping[str, tuple[float, float]], ax=None, notes: Mapping[str, str] | None = None, *,
+                     from_zero: bool = False, **labels):
+    """One labelled point per name (x, y); ``notes`` adds a second line under a point's label.
+
+    ``from_zero``: both axes start at 0, so that points 6% apart look 6% apart (matplotlib's automatic
+    limits zoom onto the points and make any difference fill the chart).
+    """
     ax = new_axes(ax, **labels)
     for i, (name, (x, y)) in enumerate(points.items()):
         ax.scatter([x], [y], s=80, color=color_for(name, i), zorder=3)
         text = name + (f"\n{notes[name]}" if notes and name in notes else "")
         ax.annotate(text, (x, y), textcoords="offset points", xytext=(8, 6), fontsize=9)
+    if from_zero and points:
+        ax.set_xlim(0, 1.3 * max(x for x, _ in points.values()) or 1)
+        ax.set_ylim(0, 1.2 * max(y for _, y in points.values()) or 1)
     return ax

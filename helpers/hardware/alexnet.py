@@ -147,8 +147,11 @@ class AlexNetCase(Report):
         plots.stacked_bars([b[0] for b in bars], parts, right, title=f"one training step, batch {self.batch_size} ({self.precision})",
                            ylabel="memory on the card")
         plots.bytes_axis(right)
-        plots.horizontal_line(right, self.card_bytes, self.card.name, color="#d62728")
-        right.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        # the card's capacity is named in the legend, not written across the bars it crosses
+        right.axhline(self.card_bytes, linestyle="--", color="#d62728", linewidth=1.2, label=f"capacity of one {self.card.name}")
+        right.legend(fontsize=10, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        if left is not None and left.get_legend() is not None:
+            left.legend(fontsize=10)
         return right
 
 

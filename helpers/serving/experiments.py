@@ -111,7 +111,7 @@ class BatchingTradeoff(Report):
         from helpers.core.plots import labelled_scatter
 
         points = {r.setting: (r.throughput, r.p99 * 1e3) for r in self.rows}
-        return labelled_scatter(points, ax, title=self.title, xlabel="requests/s", ylabel="p99 latency (ms)")
+        return labelled_scatter(points, ax, title=self.title, xlabel="requests/s", ylabel="p99 latency (ms)", from_zero=True)
 
 
 def batching_tradeoff(payloads: Sequence[dict], settings: Sequence[tuple[int, float]] = ((8, 2.0), (32, 5.0)),

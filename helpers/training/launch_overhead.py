@@ -47,7 +47,7 @@ class LaunchVariant:
     variant: str = column("variant")
     call_seconds: float | None = column("per call", format_seconds)
     op_seconds: float | None = column("per op", format_seconds)
-    speedup: float | None = column("vs eager", lambda x: f"{x:.2f}x")
+    speedup: float | None = column("speed-up vs eager", lambda x: f"{x:.2f}x")
     setup_seconds: float | None = column("compile / capture", format_seconds)
     max_difference: float | None = column("max |diff| vs eager", ".2g")
     note: str = column("what it is, or why n/a")
