@@ -1,10 +1,13 @@
 """helpers.distributed.alexnet_parallel: AlexNet's towers on two real processes compute the whole network's output and gradients."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from helpers.core.models import ALEXNET_INPUT, alexnet_2012
 from helpers.distributed.alexnet_parallel import alexnet_model_parallel, towers_on_two_devices
+
+pytestmark = pytest.mark.slow
 
 
 def test_towers_on_two_processes_match_the_whole_network():

@@ -6,6 +6,8 @@ import pytest
 from helpers.distributed.comm_models import Link
 from helpers.distributed.ddp import accumulation_demo, bucket_sweep, gradient_bytes, mlp, scaling
 
+pytestmark = pytest.mark.slow
+
 
 def test_bucket_cap_sets_the_number_of_buckets_and_small_buckets_start_early():
     sweep = bucket_sweep(caps_mb=(0.2, 100), width=256, depth=4, batch=8, steps=2)  # 0.2 MB < one layer: DDP closes a bucket once it reaches the cap

@@ -23,6 +23,8 @@ from helpers.distributed.comm_models import (
 )
 from helpers.distributed.experiments import all_reduce_sweep, calibrate_link, collectives_demo, traffic_check
 
+pytestmark = pytest.mark.slow
+
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 

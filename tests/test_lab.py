@@ -15,6 +15,8 @@ import pytest
 
 from helpers.course.lab import lab_command, lab_environment
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

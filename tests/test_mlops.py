@@ -9,6 +9,8 @@ import torch
 from helpers.mlops import promote_best, reproduce_step_by_step, tracked_sweep
 from helpers.serving import mnist_holdout
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):

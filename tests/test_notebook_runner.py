@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import nbformat
+import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
 from helpers.course.notebooks import execute_notebook, has_outputs, main, parse_parameters, strip_outputs
+
+pytestmark = pytest.mark.notebooks
 
 
 def write_notebook(path, *sources, parameters=None):

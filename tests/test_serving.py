@@ -28,6 +28,8 @@ from helpers.serving import (
     start_service,
 )
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def service():

@@ -7,6 +7,8 @@ from torch.utils.data import DataLoader
 from helpers.core.data import load_digits
 from helpers.distributed import DigitStream, dataset_styles, sharding_check
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def digits():

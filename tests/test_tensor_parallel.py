@@ -9,6 +9,8 @@ from helpers.core.report import startswith
 from helpers.core.workers import launch
 from helpers.distributed.tensor_parallel import exchange, gather_from_parallel, tensor_parallel_check
 
+pytestmark = pytest.mark.slow
+
 
 def test_split_layers_match_one_device_with_one_all_reduce_each_way_for_the_mlp():
     report = tensor_parallel_check(world_sizes=(2,), batch=4, width=16, hidden=32)

@@ -16,6 +16,8 @@ import torch.distributed as dist
 from helpers.core import workers
 from helpers.core.workers import plan_ranks, worker_context
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.parametrize("gpus, world, backend, devices", [
     (0, 2, "gloo", ("cpu", "cpu")),

@@ -8,6 +8,8 @@ import pytest
 from helpers import bytes_per_param
 from helpers.distributed.zero import Layout, formula, per_worker, zero_check, zero_memory
 
+pytestmark = pytest.mark.slow
+
 matplotlib.use("Agg")
 
 def test_each_stage_splits_one_more_part_of_the_training_state():
