@@ -7,7 +7,7 @@ from helpers.core.lazy import lazy_exports
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     ".report": ["Report", "column", "format_bytes", "format_seconds", "startswith"],
     ".device": ["describe", "gpu_available", "peak_flops", "pick_device", "synchronize"],
-    ".timing": ["Measurement", "time_once", "timeit"],
+    ".timing": ["Measurement", "time_interleaved", "time_once", "timeit"],
     ".workers": ["WorkerError", "WorkerTimeout", "available_cores", "launch"],
     ".models": ["BasicFCModel", "LeNet", "alexnet_2012", "count_parameters", "transformer_lm"],
     ".data": ["load_digits", "make_MNIST_loader", "make_encoded_MNIST"],
