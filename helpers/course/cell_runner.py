@@ -42,10 +42,12 @@ import types
 import warnings
 from pathlib import Path
 
+from helpers.course import kit_use
+
 INPUT = Path("/grading/in")
 # torch._dynamo rebinds torch.manual_seed when imported: load it before the snapshot so that is not taken for tampering.
 PRELOADED = ("math", "time", "random", "json", "numpy", "numpy.testing", "torch", "torch.nn", "torch.nn.functional", "torch.testing", "torch._dynamo")
-PROTECTED_PACKAGES = ("builtins", "sys", "os", "json", "signal", "math", "time", "random", "numpy", "torch", "helpers", "onnxruntime")
+PROTECTED_PACKAGES = ("builtins", "sys", "os", "json", "signal", "math", "time", "random", "numpy", "torch", "helpers", "onnxruntime", "importlib")
 TRACEBACK_LINES = 60
 
 
@@ -216,6 +218,8 @@ class Runner:
 
         self.transformer = TransformerManager()
         self.shell = self._shell()
+        # The assignment's declared part of the kit (assignment.toml), before any cell runs: the guard then protects the hook.
+        kit_use.install(job.get("assignment", "this assignment"), job.get("kit"), os.getcwd(), job.get("support_modules", []))
         self.guard = Guard(job.get("support_modules", []))
         self.used_output = 0
         self.cells_run = 0
