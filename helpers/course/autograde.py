@@ -62,6 +62,8 @@ class Outcome:
 
     def __post_init__(self):
         self.percent = 100 * self.score / self.max_score if self.max_score else 0.0
+        # what came from a submission (ids, file names, messages) is printed and written to CSV: make it safe there
+        self.student_id, self.assignment_id, self.reason = safe_text(self.student_id), safe_text(self.assignment_id), safe_text(self.reason, 100_000)
 
 
 class AutogradeReport(Report):
@@ -221,10 +223,13 @@ def run_notebook(nb, trusted: TrustedAssignment, files: dict[str, Path], limits:
     Returns (notebook, notes, tampering, grader fault, log).
     """
     code = [(i, c) for i, c in enumerate(nb.cells) if c.cell_type == "code" and c.source.strip()]
-    job = {"cells": [{"index": i, "source": c.source, "role": role(c)} for i, c in code],
+    parts = {i: split_test(c.source) if role(c) == "test" else (c.source, "") for i, c in code}
+    hidden = {i: part[1] for i, part in parts.items() if part[1].strip()}
+    job = {"cells": [{"index": i, "source": parts[i][0], "role": role(c), **({"hidden": len(hidden[i].encode())} if i in hidden else {})}
+                     for i, c in code],
            "support_modules": [Path(n).stem for n in trusted.support_files if n.endswith(".py")],
            "assignment": trusted.assignment_id, "kit": list(trusted.kit) if trusted.kit is not None else None}
-    run = sandbox.run_notebook(files, job, limits, deadline, jobs=jobs, threads=threads, uid=uid)
+    run = sandbox.run_notebook(files, job, limits, deadline, jobs=jobs, threads=threads, uid=uid, hidden=hidden)
     fault = grader_fault(run, code, limits)
     notes = []
     if run.tampered:
@@ -239,7 +244,10 @@ def run_notebook(nb, trusted: TrustedAssignment, files: dict[str, Path], limits:
         event = run.cells.get(index)
         outcome = event.outcome if event else None
         cell.execution_count = count if event else None
-        cell.outputs = _outputs(outcome, stopped if not run.tampered else "") if outcome else []
+        if outcome and role(cell) == "test":
+            cell.outputs = [_verdict(outcome, event.hidden, index in hidden)]
+        else:
+            cell.outputs = _outputs(outcome, stopped if not run.tampered else "") if outcome else []
         if outcome is None and (event or stopped):
             what = stopped or "the notebook stopped before this cell"
             cell.outputs = [nbformat.v4.new_output("error", ename="NotRun", evalue=f"{what}; this cell did not finish", traceback=[])]
@@ -247,7 +255,7 @@ def run_notebook(nb, trusted: TrustedAssignment, files: dict[str, Path], limits:
             cell.outputs = [nbformat.v4.new_output("error", ename="GradingChannelTampered", evalue=stopped, traceback=[])]
         for note in (outcome or {}).get("notes", []):
             notes.append(f"cell {assignments.grade_id(cell) or index}: {note}")
-        limit = ((outcome or {}).get("error") or {}).get("limit")
+        limit = ((outcome or {}).get("error") or {}).get("limit") or ((event.hidden or {}).get("limit") if event else "")
         if limit:
             notes.append(f"cell {assignments.grade_id(cell) or index} hit the {limit}")
     if stopped:
@@ -256,6 +264,56 @@ def run_notebook(nb, trusted: TrustedAssignment, files: dict[str, Path], limits:
         notes.append(f"{stopped}{where}; the cells after it scored 0")
     log = f"sandbox exit status {run.returncode} after {run.seconds:.1f} s; finished: {run.finished}; {stopped or 'no limit hit'}\n{run.log}"
     return nb, notes, run.tampered, fault, log
+
+
+def split_test(source: str) -> tuple[str, str]:
+    """A test cell's visible part (before its first hidden region) and hidden part (the rest, markers left out)."""
+    lines = source.splitlines()
+    for number, line in enumerate(lines):
+        if assignments.HIDDEN_BEGIN in line:
+            rest = [text for text in lines[number:] if assignments.HIDDEN_BEGIN not in text and assignments.HIDDEN_END not in text]
+            return "\n".join(lines[:number]), "\n".join(rest)
+    return source, ""
+
+
+GRADER_MARK = "[grader] "  # the first line of every message the grader writes into a test cell's output
+_KNOWN = {"CellTimeoutError", "CpuLimitError", "RunnerError", "EOFError"}
+
+
+def _exception_name(name) -> str:
+    """An exception class name for the feedback: a builtin one (or the runner's), never a name the submission made up."""
+    import builtins
+
+    name = str(name or "")
+    builtin = getattr(builtins, name, None)
+    if name in _KNOWN or (isinstance(builtin, type) and issubclass(builtin, BaseException)):
+        return name
+    return "an exception raised by the submission's code"
+
+
+def _verdict(outcome: dict, hidden: dict | None, has_hidden: bool):
+    """The output of a test cell, written by the grader alone: passed, or which part failed and how (no text of the submission)."""
+    error = outcome.get("error")
+    if error:
+        line = f" on line {error['line']}" if isinstance(error.get("line"), int) else ""
+        what = f"the visible test{line} failed: {_exception_name(error.get('ename'))}"
+        limit = error.get("limit") and f" [hit the {error['limit']}]"
+    elif outcome.get("stderr"):
+        what, limit = "the test wrote to stderr, which counts as a failure", ""
+    elif has_hidden and not (hidden or {}).get("passed"):
+        hidden = hidden or {}
+        if hidden.get("replaced"):
+            what = "a hidden test failed: the code under test replaced " + ", ".join(map(str, hidden["replaced"]))[:400] + " while the tests ran"
+        elif hidden.get("ename") == "stderr":
+            what = "a hidden test wrote to stderr, which counts as a failure"
+        else:
+            what = f"a hidden test failed (its code is not shown): {_exception_name(hidden.get('ename'))}" if hidden else \
+                "the hidden tests did not report (the process ended or was stopped)"
+        limit = hidden.get("limit") and f" [hit the {hidden['limit']}]"
+    else:
+        return nbformat.v4.new_output("stream", name="stdout", text=f"{GRADER_MARK}passed\n")
+    message = f"{GRADER_MARK}{what}{limit or ''}"
+    return nbformat.v4.new_output("error", ename="TestFailed", evalue=message[len(GRADER_MARK):], traceback=[message])
 
 
 def _outputs(outcome: dict, stopped: str) -> list:

@@ -155,7 +155,7 @@ _CONFUSABLES = str.maketrans({
     "а": "a", "в": "b", "с": "c", "е": "e", "һ": "h", "і": "i", "ј": "j", "к": "k", "м": "m", "н": "h", "о": "o", "р": "p",
     "ѕ": "s", "т": "t", "у": "y", "х": "x", "ԁ": "d", "ԛ": "q", "ԝ": "w", "ɡ": "g", "ı": "i", "ℓ": "l",
     "А": "A", "В": "B", "С": "C", "Е": "E", "Н": "H", "І": "I", "Ј": "J", "К": "K", "М": "M", "О": "O", "Р": "P", "Ѕ": "S",
-    "Т": "T", "Х": "X", "Υ": "Y", "α": "a", "ο": "o", "ρ": "p", "ν": "v", "τ": "t", "ι": "i", "κ": "k", "Α": "A", "Β": "B",
+    "Т": "T", "Х": "X", "У": "Y", "α": "a", "ο": "o", "ρ": "p", "ν": "v", "τ": "t", "ι": "i", "κ": "k", "Α": "A", "Β": "B",
     "Ε": "E", "Ζ": "Z", "Η": "H", "Ι": "I", "Κ": "K", "Μ": "M", "Ν": "N", "Ο": "O", "Ρ": "P", "Τ": "T", "Χ": "X", "Υ": "Y",
 })
 
@@ -168,10 +168,10 @@ def skeleton(text: str) -> str:
 def check_student_id(raw: str, roster: list[str] | set[str] = ()) -> str:
     """The NFKC-normalised id, or Refused with the reason: outside the alphabet, or a look-alike of another roster id."""
     student_id = unicodedata.normalize("NFKC", raw)
-    if not student_id or len(student_id) > 64 or set(student_id) - _ID_CHARS or not student_id[0].isalnum() or student_id in (".", ".."):
-        raise Refused(f"student id {safe_text(raw)!r} is not a valid id ({ID_ALPHABET})")
     if student_id not in roster:
         twins = [r for r in roster if skeleton(r) == skeleton(raw)]
         if twins:
-            raise Refused(f"student id {safe_text(raw)!r} looks like the roster's {safe_text(twins[0])!r} but is not it")
+            raise Refused(f"student id {safe_text(raw)!r} looks like the roster's {safe_text(twins[0])!r} but is not it: check it by hand")
+    if not student_id or len(student_id) > 64 or set(student_id) - _ID_CHARS or not student_id[0].isalnum():
+        raise Refused(f"student id {safe_text(raw)!r} is not a valid id ({ID_ALPHABET})")
     return student_id

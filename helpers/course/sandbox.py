@@ -136,6 +136,8 @@ class CellEvent:
 
     index: int
     outcome: dict | None = None  # None: the cell started but never ended
+    hidden: dict | None = None  # the verdict of the cell's hidden tests, from the child that ran them
+    key_sent: bool = False  # the cell's hidden part went to the runner's child
 
 
 @dataclass
@@ -248,11 +250,14 @@ def sandbox_environment(threads: int) -> dict[str, str]:
     }
 
 
-def run_notebook(files: dict[str, Path], job: dict, limits: Limits, deadline: float, jobs: int = 1, threads: int = 2, uid: int | None = None) -> SandboxRun:
+def run_notebook(files: dict[str, Path], job: dict, limits: Limits, deadline: float, jobs: int = 1, threads: int = 2, uid: int | None = None,
+                 hidden: dict[int, str] | None = None) -> SandboxRun:
     """Run one notebook's job in a fresh sandbox holding ``files`` (name -> host path); stop it at ``deadline``.
 
     ``job`` is the runner's job (cells and limits; it never touches the disk, so the hidden tests are
-    not readable from the sandbox's files). Each file is read as a regular file (never through a link), bounded
+    not readable from the sandbox's files). ``hidden``: the hidden part of each test cell (by cell index), which
+    never enters the job: it is sent, encrypted with a pad the runner's child makes, only when that child asks
+    (see helpers.course.cell_runner). Each file is read as a regular file (never through a link), bounded
     by the submission limit. ``uid``: the sandbox's user as root (a one-off lease when None).
     Returns the events as the runner reported them.
     """
@@ -265,14 +270,14 @@ def run_notebook(files: dict[str, Path], job: dict, limits: Limits, deadline: fl
         for name, path in files.items():
             (staging / name).write_bytes(intake.read_regular(path, limits.submission_bytes))
             (staging / name).chmod(0o644)
-        return _run(staging, job, limits, deadline, jobs, threads, lease.uids[0] if lease else uid)
+        return _run(staging, job, limits, deadline, jobs, threads, lease.uids[0] if lease else uid, hidden or {})
     finally:
         shutil.rmtree(staging, ignore_errors=True)
         if lease:
             lease.release()
 
 
-def _run(staging: Path, job: dict, limits: Limits, deadline: float, jobs: int, threads: int, uid: int | None) -> SandboxRun:
+def _run(staging: Path, job: dict, limits: Limits, deadline: float, jobs: int, threads: int, uid: int | None, hidden: dict[int, str]) -> SandboxRun:
     job = {**job, "limits": dataclasses.asdict(limits)}
     env = sandbox_environment(threads)
     if bubblewrap():
@@ -292,8 +297,8 @@ def _run(staging: Path, job: dict, limits: Limits, deadline: float, jobs: int, t
                                cwd=cwd, start_new_session=start_new_session)
     run = SandboxRun()
     try:
-        process.stdin.write(json.dumps(job).encode())
-        process.stdin.close()
+        process.stdin.write(json.dumps(job).encode() + b"\n")
+        process.stdin.flush()
     except BrokenPipeError:
         pass
     events: queue.Queue = queue.Queue()
@@ -302,8 +307,12 @@ def _run(staging: Path, job: dict, limits: Limits, deadline: float, jobs: int, t
     errors: list[bytes] = []
     threading.Thread(target=lambda: errors.append(process.stderr.read(64 * 2**10)), daemon=True).start()
     try:
-        _follow(run, job, events, limits, deadline)
+        _follow(run, job, events, limits, deadline, hidden, process.stdin)
     finally:
+        try:
+            process.stdin.close()
+        except OSError:
+            pass
         try:
             process.wait(timeout=5 if run.finished else 0.1)
         except subprocess.TimeoutExpired:
@@ -333,8 +342,12 @@ def _read_events(stream, events: queue.Queue, max_line: int) -> None:
             events.put(("garbled", line[:200]))
 
 
-def _follow(run: SandboxRun, job: dict, events: queue.Queue, limits: Limits, deadline: float) -> None:
-    """Read the runner's events in the order the job defines; stop at the wall limit, a stuck cell or tampering."""
+def _follow(run: SandboxRun, job: dict, events: queue.Queue, limits: Limits, deadline: float, hidden: dict[int, str], to_runner) -> None:
+    """Read the runner's events in the order the job defines; stop at the wall limit, a stuck cell or tampering.
+
+    Within a test cell, a ``key`` event (once) gets the cell's hidden part back, encrypted with the pad it
+    carries, and a ``hidden`` event (once, after the key) is the verdict of the hidden tests.
+    """
     expected = [c["index"] for c in job["cells"]]
     position, in_cell, cell_started = 0, False, time.monotonic()
     while True:
@@ -361,7 +374,25 @@ def _follow(run: SandboxRun, job: dict, events: queue.Queue, limits: Limits, dea
             run.finished = True
             return
         wanted = expected[position] if position < len(expected) else None
-        if kind == "start" and not in_cell and index == wanted:
+        current = run.cells.get(index) if in_cell and index == wanted else None
+        if kind == "key" and current is not None and index in hidden and not current.key_sent:
+            secret = hidden[index].encode()
+            try:
+                pad = bytes.fromhex(str(event.get("pad", "")))
+            except ValueError:
+                pad = b""
+            if len(pad) != len(secret):
+                run.tampered = f"asked for the hidden tests of cell {index} with a key of the wrong size"
+                return
+            current.key_sent = True
+            try:
+                to_runner.write(bytes(a ^ b for a, b in zip(secret, pad)))
+                to_runner.flush()
+            except OSError:
+                pass
+        elif kind == "hidden" and current is not None and current.key_sent and current.hidden is None:
+            current.hidden = event
+        elif kind == "start" and not in_cell and index == wanted:
             run.cells[index] = CellEvent(index)
             in_cell, cell_started = True, time.monotonic()
         elif kind == "end" and in_cell and index == wanted:
