@@ -311,7 +311,7 @@ def test_a_cell_past_the_cpu_time_limit_fails_and_names_it():
 
 def test_scratch_mounts_come_before_the_binds_so_a_checkout_under_tmp_stays_visible(tmp_path):
     """A kit cloned under /tmp (as CI may do) must not vanish under the sandbox's own /tmp."""
-    command = sandbox.bwrap_command(tmp_path, sandbox.Limits(), 1, {})
+    command = sandbox.bwrap_command(tmp_path, sandbox.Limits(), 1, {}, uid=sandbox.UID_BASE)
     tmpfs = max(i for i, a in enumerate(command) if a == "--tmpfs")
     binds = [i for i, a in enumerate(command) if a == "--ro-bind"]
     assert binds and tmpfs < min(binds), "a tmpfs mounted after the binds hides whatever they put under it"
