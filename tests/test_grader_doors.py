@@ -1,7 +1,7 @@
 """What a submission folder, an LMS download and a feedback page can carry, and graders that never blame students.
 
 One tiny course graded once with ``make autograde JOBS=2`` (links, a FIFO, a device, a 2 GiB file, a
-40 MiB notebook, code that hunts for the hidden tests, thin imports of the kit, a notebook killed from
+8 MiB notebook, code that hunts for the hidden tests, thin imports of the kit, a notebook killed from
 outside), two more graded by two ``make autograde`` at once, and LMS downloads of every hostile kind.
 """
 from __future__ import annotations
@@ -43,7 +43,8 @@ def added(nb, code: str, at: int = 2):
 
 
 HUNTER = '''def f1(x):
-    import gc, inspect, linecache, sys
+    import gc, inspect, linecache, sys, warnings
+    warnings.simplefilter("ignore")
     found = []
     frame = sys._getframe(1)
     while frame is not None:                      # 1. walk the stack to the running test cell
@@ -118,9 +119,10 @@ def doors(tmp_path_factory):
     submit(root, "huge_file", A, {PART: good})
     with open(root / "submitted" / "huge_file" / A / "weights.bin", "wb") as f:
         f.truncate(2 * 2**30)  # sparse: 2 GiB listed, nothing on disk
-    submit(root, "big_notebook", A, {PART: with_solution(good, "task1_f1", "def f1(x):\n    return x + 1\n# " + "z" * (40 * 2**20))})
-    after = ("import gc\nprint('GC-FOUND', sum(%r in repr(o) for o in gc.get_objects() if isinstance(o, dict)))\n"
-             "print(open('/tmp/loot.txt').read())" % HIDDEN)
+    submit(root, "big_notebook", A, {PART: with_solution(good, "task1_f1", "def f1(x):\n    return x + 1\n# " + "z" * (8 * 2**20))})
+    after = ("import gc, warnings\nwarnings.simplefilter('ignore')\nneedle = 'hidden check ' + 'of f1'\n"
+             "print('GC-FOUND', sum(needle in repr(o) for o in gc.get_objects() if isinstance(o, dict)))\n"
+             "print(open('/tmp/loot.txt').read()[:20000])")
     submit(root, "hunts_hidden_tests", A, {PART: added(with_solution(good, "task1_f1", HUNTER), after, at=3)})
     submit(root, "thin_import", A, {PART: with_solution(good, "task1_f1", "from helpers.serving import export_onnx\ndef f1(x):\n    return x + 1")})
     submit(root, "thin_attribute", A, {PART: with_solution(good, "task1_f1", "import helpers\ndef f1(x):\n    helpers.serving\n    return x + 1")})
@@ -347,8 +349,8 @@ def test_lms_import_reports_each_refused_student_safely(tmp_path, capsys):
 
 
 def test_csv_and_console_text_is_neutralised(tmp_path):
-    for text in ("=1+2", "+SUM(1;1)", "@SUM(1)", "-2+3", "\tx", "\rx"):
-        assert intake.safe_text(text).startswith("'")
+    for text in ("=1+2", "+SUM(1;1)", "@SUM(1)", "-2+3", "\tx", "\rx", "=HYPERLINK(\"http://x\")"):
+        assert not intake.safe_text(text).startswith(("=", "+", "-", "@", "\t", "\r")), text
     assert intake.safe_text("a\x1b[31mb\u202ec\nERROR: d") == "a\\u001b[31mb\\u202ec ERROR: d"
     root = tiny_course(tmp_path / "course", {})
     course = Course(root)

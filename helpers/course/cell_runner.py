@@ -315,6 +315,7 @@ class Runner:
             verdict = {"passed": False, "ename": "RunnerError", "limit": "", "line": None}
             try:
                 signal.setitimer(signal.ITIMER_REAL, max(left, 0.01))
+                _share_parents_forkserver()
                 verdict = self._hidden_verdict(cell, namespace)
             except BaseException as err:  # noqa: BLE001 - a timeout while receiving or running is a verdict too
                 verdict = {"passed": False, "ename": type(err).__name__, "limit": _classify(err, self.limits), "line": None}
@@ -379,6 +380,16 @@ class Runner:
                 namespace["_"] = value
             return value
         return None
+
+
+def _share_parents_forkserver() -> None:
+    """In the hidden-test child: use the multiprocessing forkserver the notebook's process started (workers the kit
+    launches come from it). Its liveness check waits on the server's pid, which only the parent may do, so the
+    child would raise ChildProcessError; the server lives as long as the parent, which waits for this child."""
+    forkserver = sys.modules.get("multiprocessing.forkserver")
+    server = getattr(forkserver, "_forkserver", None)
+    if server is not None and server._forkserver_pid is not None and server._forkserver_address is not None:
+        server.ensure_running = lambda: None
 
 
 def _bounded_repr(value, limit: int = 2000) -> str:

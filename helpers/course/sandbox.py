@@ -203,8 +203,10 @@ def bwrap_command(input_dir: Path, limits: Limits, jobs: int, env: dict[str, str
     import helpers
 
     kit_package = Path(helpers.__file__).resolve().parent
-    homes = _python_homes()
-    read_only = [(Path(p), Path(p)) for p in ("/usr", "/etc", "/sys") if Path(p).exists()] + homes
+    read_only = [(Path(p), Path(p)) for p in ("/usr", "/etc", "/sys") if Path(p).exists()]
+    for host, inside in _python_homes():  # a link inside a folder bound whole is there already, and resolves inside
+        if host == inside or not any(inside.is_relative_to(bound) for _, bound in read_only if _ == bound):
+            read_only.append((host, inside))
     args = [bubblewrap(), "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
             "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
     # Scratch space first: the read-only binds come after, so a kit or venv that lives under /tmp stays visible.
