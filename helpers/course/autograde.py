@@ -190,16 +190,20 @@ class NotebookResult:
     tampered: str = ""
 
 
-def grader_fault(run: sandbox.SandboxRun, code: list[tuple[int, object]], limits: Limits) -> str:
+def grader_fault(run: sandbox.SandboxRun, code: list[tuple[int, object]], limits: Limits, first: bool = True) -> str:
     """Why a run's failure is the grader's and not the student's, or '' when it is not.
 
     The grader's: the runner could not start or failed before any student cell began (the interpreter, the
     kit or an instructor setup cell), or the process was killed by a signal that none of its own limits sends.
+    ``first``: no student code of the submission ran in an earlier notebook (so a wall-time stop before any
+    student cell of this one is the grader's slowness, not the student's).
     """
-    if run.tampered or run.stopped:
-        return ""
     roles = {index: role(cell) for index, cell in code}
     student_started = any(roles.get(index) == "student" for index in run.cells)
+    if run.stopped.startswith("wall-time") and first and not student_started and not run.tampered:
+        return f"the wall-time limit ({limits.wall_s:g} s) passed before any student code ran: the grading machine was too slow to start the notebook"
+    if run.tampered or run.stopped:
+        return ""
     setup_failed = [index for index, event in run.cells.items() if roles.get(index) == "instructor" and event.outcome
                     and event.outcome.get("error") and not any(roles.get(i) == "student" and i < index for i in roles)]
     if setup_failed:
@@ -217,7 +221,7 @@ def grader_fault(run: sandbox.SandboxRun, code: list[tuple[int, object]], limits
 
 
 def run_notebook(nb, trusted: TrustedAssignment, files: dict[str, Path], limits: Limits, deadline: float, jobs: int,
-                 threads: int, uid: int | None = None) -> tuple[nbformat.NotebookNode, list[str], str, str, str]:
+                 threads: int, uid: int | None = None, first: bool = True) -> tuple[nbformat.NotebookNode, list[str], str, str, str]:
     """Run ``nb`` in a sandbox and fill its outputs from the runner's reports.
 
     Returns (notebook, notes, tampering, grader fault, log).
@@ -230,7 +234,7 @@ def run_notebook(nb, trusted: TrustedAssignment, files: dict[str, Path], limits:
            "support_modules": [Path(n).stem for n in trusted.support_files if n.endswith(".py")],
            "assignment": trusted.assignment_id, "kit": list(trusted.kit) if trusted.kit is not None else None}
     run = sandbox.run_notebook(files, job, limits, deadline, jobs=jobs, threads=threads, uid=uid, hidden=hidden)
-    fault = grader_fault(run, code, limits)
+    fault = grader_fault(run, code, limits, first)
     notes = []
     if run.tampered:
         stopped = f"the submission {run.tampered}: its results cannot be trusted"
@@ -454,7 +458,8 @@ class Grader:
             self.gate.enter(alone)
             try:
                 nb, run_notes, tamper, fault, log = run_notebook(nb, trusted, {**files}, self.limits, deadline, self.jobs,
-                                                                 (os.cpu_count() or 1) if alone else self.threads, self.uids.uids[slot])
+                                                                 (os.cpu_count() or 1) if alone else self.threads, self.uids.uids[slot],
+                                                                 first=not any(r.notebook is not None for r in results))
             finally:
                 self.gate.leave(alone)
             if alone:

@@ -11,6 +11,10 @@ grading runner (before any student code) install the hook: code of the notebook,
 student's own, that imports anything else of ``helpers`` gets an ImportError naming the declaration, and
 what it imports is a view of the package that shows only the declared names (``helpers.serving.x`` through
 an allowed parent raises the same error). The kit itself and the assignment's support modules import freely.
+
+It closes the thin imports (``import``, ``from``, ``importlib``, attributes of a face); it is not a wall
+against code that digs out the module objects themselves (``sys.modules``, ``gc``): the tests of each
+assignment check the property they grade, and the graded notebook shows such digging to the TA.
 """
 from __future__ import annotations
 
@@ -122,7 +126,7 @@ def install(assignment: str, kit: tuple[str, ...] | list[str] | None, student_di
             return rules.face(module)
         return module
 
-    builtins.__import__ = kit_import
+    builtins.__import__ = importlib.__import__ = kit_import
     importlib.import_module = import_module
     return rules
 
