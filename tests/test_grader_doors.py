@@ -120,9 +120,10 @@ def doors(tmp_path_factory):
     with open(root / "submitted" / "huge_file" / A / "weights.bin", "wb") as f:
         f.truncate(2 * 2**30)  # sparse: 2 GiB listed, nothing on disk
     submit(root, "big_notebook", A, {PART: with_solution(good, "task1_f1", "def f1(x):\n    return x + 1\n# " + "z" * (8 * 2**20))})
-    after = ("import gc, warnings\nwarnings.simplefilter('ignore')\nneedle = 'hidden check ' + 'of f1'\n"
-             "print('GC-FOUND', sum(needle in repr(o) for o in gc.get_objects() if isinstance(o, dict)))\n"
-             "print(open('/tmp/loot.txt').read()[:20000])")
+    after = ("def count():  # the needle is made here, so that no dict of the notebook holds it\n"
+             "    import gc, warnings\n    warnings.simplefilter('ignore')\n    needle = 'hidden check ' + 'of f1'\n"
+             "    return sum(needle in repr(o) for o in gc.get_objects() if isinstance(o, dict))\n"
+             "print('GC-FOUND', count())\nprint(open('/tmp/loot.txt').read()[:20000])")
     submit(root, "hunts_hidden_tests", A, {PART: added(with_solution(good, "task1_f1", HUNTER), after, at=3)})
     submit(root, "thin_import", A, {PART: with_solution(good, "task1_f1", "from helpers.serving import export_onnx\ndef f1(x):\n    return x + 1")})
     submit(root, "thin_attribute", A, {PART: with_solution(good, "task1_f1", "import helpers\ndef f1(x):\n    helpers.serving\n    return x + 1")})
