@@ -298,7 +298,9 @@ def _exception_name(name) -> str:
 def _verdict(outcome: dict, hidden: dict | None, has_hidden: bool):
     """The output of a test cell, written by the grader alone: passed, or which part failed and how (no text of the submission)."""
     error = outcome.get("error")
-    if error:
+    if error and outcome.get("hidden_interrupted"):
+        what, limit = "a hidden test did not finish (its code is not shown)", error.get("limit") and f" [hit the {error['limit']}]"
+    elif error:
         line = f" on line {error['line']}" if isinstance(error.get("line"), int) else ""
         what = f"the visible test{line} failed: {_exception_name(error.get('ename'))}"
         limit = error.get("limit") and f" [hit the {error['limit']}]"

@@ -271,11 +271,13 @@ class Runner:
         signal.signal(signal.SIGALRM, _on_alarm)
         signal.signal(signal.SIGXCPU, _on_cpu_limit)
         signal.setitimer(signal.ITIMER_REAL, float(self.limits["cell_s"]))
-        hidden = None
+        hidden, in_hidden = None, False
         try:
             result = self.execute(cell["source"], namespace, show_result=role != "test")
             if role == "test" and cell.get("hidden") and not stderr.kept:
+                in_hidden = True
                 hidden = self.run_hidden(cell, namespace)
+                in_hidden = False
         except BaseException as err:  # noqa: BLE001 - every error, even SystemExit, is the cell's outcome
             error = err
         finally:
@@ -297,6 +299,8 @@ class Runner:
         outcome = {"stdout": stdout.value(), "stderr": stderr.value(), "seconds": round(seconds, 3), "notes": notes}
         if hidden is not None:
             outcome["hidden_status"] = hidden
+        if in_hidden:
+            outcome["hidden_interrupted"] = True  # the error (a limit) came while the hidden tests ran
         if result is not None:
             outcome["result"] = _bounded_repr(result)
         if error is not None:
@@ -316,6 +320,7 @@ class Runner:
             try:
                 signal.setitimer(signal.ITIMER_REAL, max(left, 0.01))
                 _share_parents_forkserver()
+                _one_openmp_thread()
                 verdict = self._hidden_verdict(cell, namespace)
             except BaseException as err:  # noqa: BLE001 - a timeout while receiving or running is a verdict too
                 verdict = {"passed": False, "ename": type(err).__name__, "limit": _classify(err, self.limits), "line": None}
@@ -380,6 +385,14 @@ class Runner:
                 namespace["_"] = value
             return value
         return None
+
+
+def _one_openmp_thread() -> None:
+    """In the hidden-test child: GNU OpenMP's thread pool does not survive a fork (the child's first parallel region
+    would wait for the parent's threads forever), so torch runs the hidden tests on one thread, as DataLoader workers do."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)
 
 
 def _share_parents_forkserver() -> None:
