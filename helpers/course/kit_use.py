@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DECLARATION = "assignment.toml"
+ALWAYS = "helpers.course.kit_use.enforce"  # the assignment's first cell calls it, graded or not
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,7 @@ class Rules:
         self.faces: dict[str, types.ModuleType] = {}
 
     def allows(self, dotted: str) -> bool:
-        return any(dotted == k or dotted.startswith(k + ".") or k.startswith(dotted + ".") for k in self.kit)
+        return any(dotted == k or dotted.startswith(k + ".") or k.startswith(dotted + ".") for k in (*self.kit, ALWAYS))
 
     def refusal(self, dotted: str) -> str:
         return (f"{dotted} is not part of the kit that {self.assignment} may use (it may use: {', '.join(self.kit) or 'nothing of helpers'}; "
