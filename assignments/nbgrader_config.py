@@ -27,7 +27,8 @@ c.Autograde.create_student = True
 # ---- feedback: hidden tests never reach students, not even through a traceback
 c.GenerateFeedback.preprocessors = [GetGrades, HideHiddenTestTracebacks, RemoveHiddenTests, CSSHTMLHeaderPreprocessor]
 
-# ---- importing an LMS download (`make import A=<id> ZIP=<file>`): nbgrader's zip_collect
+# ---- importing an LMS download (`make import A=<id> ZIP=<file>`): helpers/course/lms_import.py reads this
+# pattern (nbgrader's zip_collect reads it too); the student id it finds must be the entry's own first part.
 # Files are named <student_id>_<notebook>.ipynb or sit in a folder <student_id>/<notebook>.ipynb;
 # notebooks are always partN_<name>.ipynb, which is where the student id ends.
 c.ZipCollectApp.collector_plugin = "nbgrader.plugins.FileNameCollectorPlugin"

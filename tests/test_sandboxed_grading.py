@@ -26,6 +26,7 @@ from .grading_support import ROOT, environment, submit
 pytestmark = pytest.mark.grading
 
 A, PART = "hw2_profiling", "part1_sums.ipynb"
+CELL_S = 10  # the per-cell limit of the corpus: short, with room for a loaded 2-core machine
 HIDDEN_LINE = "expect(f1(10), 11, 'the hidden check of f1')"
 LAB = "def expect(value, wanted, what='value'):\n    assert value == wanted, f'{what}: got {value!r}, expected {wanted!r}'\n"
 
@@ -144,7 +145,7 @@ def hostile(tmp_path_factory):
     victim_file = (root / "submitted" / "victim" / A / PART).read_bytes()
     limits = sandbox.Limits(memory_bytes=5 * 2**30, disk_bytes=64 * 2**20)
     start = time.monotonic()
-    report = grading.autograde(course, cell_timeout=4, jobs=2, limits=limits)
+    report = grading.autograde(course, cell_timeout=CELL_S, jobs=2, limits=limits)
     seconds = time.monotonic() - start
     stop.set()
     grading.feedback(course)
@@ -214,7 +215,7 @@ def test_limits_give_zero_for_what_did_not_run_and_name_the_limit(hostile):
     status, points, reason = score(hostile, "memory_bomb")
     assert points == 2.0 and "memory limit (5 GiB" in reason, reason
     status, points, reason = score(hostile, "ignores_interrupts")
-    assert points == 2.0 and "per-cell time limit (4 s)" in reason, reason
+    assert points == 2.0 and f"per-cell time limit ({CELL_S} s)" in reason, reason
     status, points, reason = score(hostile, "process_bomb")
     assert "process limit" in reason, reason
     assert "output limit" in score(hostile, "floods_output")[2]
@@ -259,9 +260,9 @@ def test_rerun_keeps_what_is_graded_and_regrade_gives_identical_grades(hostile, 
     course = hostile["course"]
     chosen = ["honest", "transformer", "memory_bomb", "rebinds_helper"]
     before = {s: score(hostile, s)[:2] for s in chosen}
-    grading.autograde(course, student_ids=chosen, cell_timeout=4, jobs=2, limits=hostile["limits"])
+    grading.autograde(course, student_ids=chosen, cell_timeout=CELL_S, jobs=2, limits=hostile["limits"])
     assert "4 submission(s) already graded" in capsys.readouterr().out
-    grading.autograde(course, student_ids=chosen, cell_timeout=4, jobs=1, regrade=True, limits=hostile["limits"])
+    grading.autograde(course, student_ids=chosen, cell_timeout=CELL_S, jobs=1, regrade=True, limits=hostile["limits"])
     after = read_status(course)
     assert {s: (after[(s, A)]["status"], float(after[(s, A)]["score"])) for s in chosen} == before
 
@@ -293,7 +294,7 @@ def test_without_bubblewrap_grading_still_works_and_says_so_loudly(hostile, tmp_
     copy = tmp_path / "course"
     shutil.copytree(hostile["root"], copy, ignore=shutil.ignore_patterns("autograded", "feedback", "autograde_status.csv"))
     monkeypatch.setattr(sandbox, "bubblewrap", lambda: None)
-    report = grading.autograde(Course(copy), student_ids=["honest", "rebinds_helper"], cell_timeout=4, jobs=2)
+    report = grading.autograde(Course(copy), student_ids=["honest", "rebinds_helper"], cell_timeout=CELL_S, jobs=2)
     assert "WARNING: bubblewrap (bwrap) is not available" in capsys.readouterr().out
     assert {(o.student_id, o.score) for o in report.rows} == {("honest", 5.0), ("rebinds_helper", 0.0)}
 
@@ -319,7 +320,7 @@ def test_a_cell_past_the_cpu_time_limit_fails_and_names_it():
 
 def test_scratch_mounts_come_before_the_binds_so_a_checkout_under_tmp_stays_visible(tmp_path):
     """A kit cloned under /tmp (as CI may do) must not vanish under the sandbox's own /tmp."""
-    command = sandbox.bwrap_command(tmp_path, sandbox.Limits(), 1, {})
+    command = sandbox.bwrap_command(tmp_path, sandbox.Limits(), 1, {}, uid=sandbox.UID_BASE)
     tmpfs = max(i for i, a in enumerate(command) if a == "--tmpfs")
     binds = [i for i, a in enumerate(command) if a == "--ro-bind"]
     assert binds and tmpfs < min(binds), "a tmpfs mounted after the binds hides whatever they put under it"

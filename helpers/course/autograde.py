@@ -35,16 +35,19 @@ from typing import Iterable, Sequence
 import nbformat
 
 from helpers.core.report import Report, column
-from helpers.course import assignments, sandbox
+from helpers.course import assignments, intake, kit_use, sandbox
+from helpers.course.intake import safe_text
 from helpers.course.sandbox import Limits
 
 STATUS_FILE = "autograde_status.csv"
-RUNNER_VERSION = "sandbox-1"  # part of every fingerprint: a change of the grading machinery regrades everything
+RUNNER_VERSION = "sandbox-2"  # part of every fingerprint: a change of the grading machinery regrades everything
+GRADER_SIDE = "grader error (not the student's doing)"
 
 
 @dataclass
 class Outcome:
-    """How one submission fared: graded (with its score and notes) or failed (with the reason)."""
+    """How one submission fared: graded (with its score and notes), failed (the submission's fault, with the reason),
+    or error (the grader's own failure: not a grade; rerun it)."""
 
     student_id: str = column("student")
     assignment_id: str = column("assignment")
@@ -59,6 +62,8 @@ class Outcome:
 
     def __post_init__(self):
         self.percent = 100 * self.score / self.max_score if self.max_score else 0.0
+        # what came from a submission (ids, file names, messages) is printed and written to CSV: make it safe there
+        self.student_id, self.assignment_id, self.reason = safe_text(self.student_id), safe_text(self.assignment_id), safe_text(self.reason, 100_000)
 
 
 class AutogradeReport(Report):
@@ -69,6 +74,10 @@ class AutogradeReport(Report):
     @property
     def failed(self) -> list[Outcome]:
         return [o for o in self.rows if o.status == "failed"]
+
+    @property
+    def errors(self) -> list[Outcome]:
+        return [o for o in self.rows if o.status == "error"]
 
 
 # ---------------------------------------------------------------- what the tests are (read once per assignment)
@@ -89,6 +98,8 @@ class TrustedAssignment:
     support_files: dict[str, Path]
     max_score: float
     fingerprint: str
+    timing_sensitive: frozenset[str] = frozenset()  # notebook file names graded alone (assignment.toml)
+    kit: tuple[str, ...] | None = None  # what of helpers the assignment may use (assignment.toml); None: all of it
 
 
 def trusted_assignment(course, assignment_id: str) -> TrustedAssignment:
@@ -117,7 +128,9 @@ def trusted_assignment(course, assignment_id: str) -> TrustedAssignment:
     support = {p.name: p for p in sorted(release.iterdir()) if p.is_file() and p.suffix != ".ipynb"}
     for path in support.values():
         digest.update(path.name.encode() + path.read_bytes())
-    return TrustedAssignment(assignment_id, notebooks, support, max_score, digest.hexdigest()[:16])
+    declared = kit_use.declaration(release)
+    return TrustedAssignment(assignment_id, notebooks, support, max_score, digest.hexdigest()[:16],
+                             frozenset(declared.timing_sensitive), declared.kit)
 
 
 # ---------------------------------------------------------------- 1. rebuild
@@ -177,13 +190,51 @@ class NotebookResult:
     tampered: str = ""
 
 
+def grader_fault(run: sandbox.SandboxRun, code: list[tuple[int, object]], limits: Limits, first: bool = True) -> str:
+    """Why a run's failure is the grader's and not the student's, or '' when it is not.
+
+    The grader's: the runner could not start or failed before any student cell began (the interpreter, the
+    kit or an instructor setup cell), or the process was killed by a signal that none of its own limits sends.
+    ``first``: no student code of the submission ran in an earlier notebook (so a wall-time stop before any
+    student cell of this one is the grader's slowness, not the student's).
+    """
+    roles = {index: role(cell) for index, cell in code}
+    student_started = any(roles.get(index) == "student" for index in run.cells)
+    if run.stopped.startswith("wall-time") and first and not student_started and not run.tampered:
+        return f"the wall-time limit ({limits.wall_s:g} s) passed before any student code ran: the grading machine was too slow to start the notebook"
+    if run.tampered or run.stopped:
+        return ""
+    setup_failed = [index for index, event in run.cells.items() if roles.get(index) == "instructor" and event.outcome
+                    and event.outcome.get("error") and not any(roles.get(i) == "student" and i < index for i in roles)]
+    if setup_failed:
+        error = run.cells[setup_failed[0]].outcome["error"]
+        return f"an instructor setup cell failed before any student code ran ({safe_text(error.get('ename'))}: {safe_text(error.get('evalue'), 200)})"
+    if run.finished:
+        return ""
+    if not student_started:
+        return f"the notebook's process ended (exit status {run.returncode}) before any student code ran: the sandbox or its interpreter could not start"
+    killed = run.returncode in (-9, -15, 128 + 9, 128 + 15)
+    cpu_possible = run.seconds * (os.cpu_count() or 1) >= limits.cpu_s
+    if killed and not cpu_possible:
+        return f"the notebook's process was killed from outside (exit status {run.returncode}) after {run.seconds:.0f} s, before any of its limits"
+    return ""
+
+
 def run_notebook(nb, trusted: TrustedAssignment, files: dict[str, Path], limits: Limits, deadline: float, jobs: int,
-                 threads: int, slot: int = 0) -> tuple[nbformat.NotebookNode, list[str], str, str]:
-    """Run ``nb`` in a sandbox and fill its outputs from the runner's reports; returns (notebook, notes, tampering, log)."""
+                 threads: int, uid: int | None = None, first: bool = True) -> tuple[nbformat.NotebookNode, list[str], str, str, str]:
+    """Run ``nb`` in a sandbox and fill its outputs from the runner's reports.
+
+    Returns (notebook, notes, tampering, grader fault, log).
+    """
     code = [(i, c) for i, c in enumerate(nb.cells) if c.cell_type == "code" and c.source.strip()]
-    job = {"cells": [{"index": i, "source": c.source, "role": role(c)} for i, c in code],
-           "support_modules": [Path(n).stem for n in trusted.support_files if n.endswith(".py")]}
-    run = sandbox.run_notebook(files, job, limits, deadline, jobs=jobs, threads=threads, slot=slot)
+    parts = {i: split_test(c.source) if role(c) == "test" else (c.source, "") for i, c in code}
+    hidden = {i: part[1] for i, part in parts.items() if part[1].strip()}
+    job = {"cells": [{"index": i, "source": parts[i][0], "role": role(c), **({"hidden": len(hidden[i].encode())} if i in hidden else {})}
+                     for i, c in code],
+           "support_modules": [Path(n).stem for n in trusted.support_files if n.endswith(".py")],
+           "assignment": trusted.assignment_id, "kit": list(trusted.kit) if trusted.kit is not None else None}
+    run = sandbox.run_notebook(files, job, limits, deadline, jobs=jobs, threads=threads, uid=uid, hidden=hidden)
+    fault = grader_fault(run, code, limits, first)
     notes = []
     if run.tampered:
         stopped = f"the submission {run.tampered}: its results cannot be trusted"
@@ -197,7 +248,10 @@ def run_notebook(nb, trusted: TrustedAssignment, files: dict[str, Path], limits:
         event = run.cells.get(index)
         outcome = event.outcome if event else None
         cell.execution_count = count if event else None
-        cell.outputs = _outputs(outcome, stopped if not run.tampered else "") if outcome else []
+        if outcome and role(cell) == "test":
+            cell.outputs = [_verdict(outcome, event.hidden, index in hidden)]
+        else:
+            cell.outputs = _outputs(outcome, stopped if not run.tampered else "") if outcome else []
         if outcome is None and (event or stopped):
             what = stopped or "the notebook stopped before this cell"
             cell.outputs = [nbformat.v4.new_output("error", ename="NotRun", evalue=f"{what}; this cell did not finish", traceback=[])]
@@ -205,7 +259,7 @@ def run_notebook(nb, trusted: TrustedAssignment, files: dict[str, Path], limits:
             cell.outputs = [nbformat.v4.new_output("error", ename="GradingChannelTampered", evalue=stopped, traceback=[])]
         for note in (outcome or {}).get("notes", []):
             notes.append(f"cell {assignments.grade_id(cell) or index}: {note}")
-        limit = ((outcome or {}).get("error") or {}).get("limit")
+        limit = ((outcome or {}).get("error") or {}).get("limit") or ((event.hidden or {}).get("limit") if event else "")
         if limit:
             notes.append(f"cell {assignments.grade_id(cell) or index} hit the {limit}")
     if stopped:
@@ -213,7 +267,59 @@ def run_notebook(nb, trusted: TrustedAssignment, files: dict[str, Path], limits:
         where = f" while cell {assignments.grade_id(nb.cells[running]) or running} ran" if running is not None else ""
         notes.append(f"{stopped}{where}; the cells after it scored 0")
     log = f"sandbox exit status {run.returncode} after {run.seconds:.1f} s; finished: {run.finished}; {stopped or 'no limit hit'}\n{run.log}"
-    return nb, notes, run.tampered, log
+    return nb, notes, run.tampered, fault, log
+
+
+def split_test(source: str) -> tuple[str, str]:
+    """A test cell's visible part (before its first hidden region) and hidden part (the rest, markers left out)."""
+    lines = source.splitlines()
+    for number, line in enumerate(lines):
+        if assignments.HIDDEN_BEGIN in line:
+            rest = [text for text in lines[number:] if assignments.HIDDEN_BEGIN not in text and assignments.HIDDEN_END not in text]
+            return "\n".join(lines[:number]), "\n".join(rest)
+    return source, ""
+
+
+GRADER_MARK = "[grader] "  # the first line of every message the grader writes into a test cell's output
+_KNOWN = {"CellTimeoutError", "CpuLimitError", "RunnerError", "EOFError"}
+
+
+def _exception_name(name) -> str:
+    """An exception class name for the feedback: a builtin one (or the runner's), never a name the submission made up."""
+    import builtins
+
+    name = str(name or "")
+    builtin = getattr(builtins, name, None)
+    if name in _KNOWN or (isinstance(builtin, type) and issubclass(builtin, BaseException)):
+        return name
+    return "an exception raised by the submission's code"
+
+
+def _verdict(outcome: dict, hidden: dict | None, has_hidden: bool):
+    """The output of a test cell, written by the grader alone: passed, or which part failed and how (no text of the submission)."""
+    error = outcome.get("error")
+    if error and outcome.get("hidden_interrupted"):
+        what, limit = "a hidden test did not finish (its code is not shown)", error.get("limit") and f" [hit the {error['limit']}]"
+    elif error:
+        line = f" on line {error['line']}" if isinstance(error.get("line"), int) else ""
+        what = f"the visible test{line} failed: {_exception_name(error.get('ename'))}"
+        limit = error.get("limit") and f" [hit the {error['limit']}]"
+    elif outcome.get("stderr"):
+        what, limit = "the test wrote to stderr, which counts as a failure", ""
+    elif has_hidden and not (hidden or {}).get("passed"):
+        hidden = hidden or {}
+        if hidden.get("replaced"):
+            what = "a hidden test failed: the code under test replaced " + ", ".join(map(str, hidden["replaced"]))[:400] + " while the tests ran"
+        elif hidden.get("ename") == "stderr":
+            what = "a hidden test wrote to stderr, which counts as a failure"
+        else:
+            what = f"a hidden test failed (its code is not shown): {_exception_name(hidden.get('ename'))}" if hidden else \
+                "the hidden tests did not report (the process ended or was stopped)"
+        limit = hidden.get("limit") and f" [hit the {hidden['limit']}]"
+    else:
+        return nbformat.v4.new_output("stream", name="stdout", text=f"{GRADER_MARK}passed\n")
+    message = f"{GRADER_MARK}{what}{limit or ''}"
+    return nbformat.v4.new_output("error", ename="TestFailed", evalue=message[len(GRADER_MARK):], traceback=[message])
 
 
 def _outputs(outcome: dict, stopped: str) -> list:
@@ -229,12 +335,49 @@ def _outputs(outcome: dict, stopped: str) -> list:
     return outputs
 
 
-def fingerprint(folder: Path, trusted: TrustedAssignment) -> str:
-    """What the grade depends on: every submitted file and the assignment's tests and support files."""
+def fingerprint(listing: intake.Listing, trusted: TrustedAssignment, limit: int) -> str:
+    """What the grade depends on: every submitted file (read as a regular file, bounded) and the assignment's tests and support files."""
     digest = hashlib.sha256(trusted.fingerprint.encode())
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        digest.update(str(path.relative_to(folder)).encode() + b"\0" + path.read_bytes())
+    for problem in listing.problems:
+        digest.update(problem.encode() + b"\0")
+    if listing.problems:
+        return digest.hexdigest()[:16]
+    for name in sorted(listing.files):
+        try:
+            data = intake.read_regular(listing.folder / name, limit)
+        except intake.Refused as err:
+            data = str(err).encode()
+        digest.update(name.encode() + b"\0" + data)
     return digest.hexdigest()[:16]
+
+
+class TimingGate:
+    """Notebooks an assignment marks timing-sensitive run alone: each waits until no other notebook runs, and holds
+    the others back while it runs. The others share the machine as usual (a readers-writer lock, writers first)."""
+
+    def __init__(self):
+        self.condition = threading.Condition()
+        self.running = 0
+        self.alone = False
+        self.waiting_alone = 0
+
+    def enter(self, alone: bool) -> None:
+        with self.condition:
+            if alone:
+                self.waiting_alone += 1
+                self.condition.wait_for(lambda: self.running == 0 and not self.alone)
+                self.waiting_alone -= 1
+                self.alone = True
+            else:
+                self.condition.wait_for(lambda: not self.alone and not self.waiting_alone)
+            self.running += 1
+
+    def leave(self, alone: bool) -> None:
+        with self.condition:
+            self.running -= 1
+            if alone:
+                self.alone = False
+            self.condition.notify_all()
 
 
 class Grader:
@@ -245,9 +388,14 @@ class Grader:
         self.threads = max(1, (os.cpu_count() or 1) // self.jobs)
         self.lock = threading.Lock()
         self.trusted: dict[str, TrustedAssignment] = {}
+        self.gate = TimingGate()
+        self.uids = sandbox.UidLease(self.jobs)  # this run's own sandbox users, one per job slot
         self.slots: queue.Queue = queue.Queue()
         for slot in range(self.jobs):
             self.slots.put(slot)
+
+    def close(self) -> None:
+        self.uids.release()
 
     def assignment(self, assignment_id: str) -> TrustedAssignment:
         with self.lock:
@@ -256,10 +404,21 @@ class Grader:
             return self.trusted[assignment_id]
 
     def grade(self, student_id: str, assignment_id: str, on_roster: bool) -> Outcome:
-        """Grade one submission in a free job slot; never raises for anything the submission did."""
+        """Grade one submission in a free job slot; never raises for anything the submission did.
+
+        A grader error (see grader_fault) is retried once; a second one is recorded with status ``error``.
+        """
         slot = self.slots.get()
         try:
-            return self._grade(student_id, assignment_id, on_roster, slot)
+            outcome = self._grade(student_id, assignment_id, on_roster, slot)
+            if outcome.status == "error":
+                first = outcome.reason
+                outcome = self._grade(student_id, assignment_id, on_roster, slot)
+                if outcome.status == "error":
+                    outcome.reason += f" (also on the first try: {first})"
+                else:
+                    outcome.reason = "; ".join(r for r in (outcome.reason, "graded on a second try after a grader error") if r)
+            return outcome
         finally:
             self.slots.put(slot)
 
@@ -267,44 +426,61 @@ class Grader:
         start = time.monotonic()
         folder = self.course.submitted / student_id / assignment_id
         trusted = self.assignment(assignment_id)
-        prints = fingerprint(folder, trusted)
+        listing = intake.list_submission(folder, self.course.root, self.limits.submission_bytes)
+        prints = fingerprint(listing, trusted, self.limits.submission_bytes)
         flag = "" if on_roster else "not on the roster"
-        size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
-        if size > self.limits.submission_bytes:
-            reason = f"the submission holds {size / 2**20:.1f} MiB, over the {self.limits.submission_bytes / 2**20:g} MiB limit for one submission: ask for a smaller one"
-            return self._failed(student_id, assignment_id, trusted, reason, start, on_roster, prints)
-        files = {p.name: p for p in sorted(folder.iterdir()) if p.is_file() and p.suffix != ".ipynb"}
+        if listing.problems:
+            return self._failed(student_id, assignment_id, trusted, "refused: " + "; ".join(listing.problems), start, on_roster, prints)
+        top = listing.top_level()
+        files = {name: folder / name for name in top if not name.endswith(".ipynb")}
         files.update(trusted.support_files)  # the released support files win over a student's copy
         expected = [f"{n.name}.ipynb" for n in trusted.notebooks]
-        found = sorted(p.name for p in folder.glob("*.ipynb"))
+        found = [name for name in top if name.endswith(".ipynb")]
         if not set(expected) & set(found):
             reason = f"no notebook of the assignment in the submission: expected {', '.join(expected)}; found {', '.join(found) or 'nothing'}"
             return self._failed(student_id, assignment_id, trusted, reason, start, on_roster, prints)
         deadline = time.monotonic() + self.limits.wall_s
         logs = []
-        results, notes, tampered = [], [], []
+        results, notes, tampered, faults = [], [], [], []
         for notebook in trusted.notebooks:
             path = folder / f"{notebook.name}.ipynb"
-            if not path.exists():
+            if path.name not in found:
                 notes.append(f"missing {path.name} (0 points)")
                 results.append(NotebookResult(notebook.name, None, []))
                 continue
             try:
-                submitted = nbformat.read(path, as_version=4)
+                submitted = nbformat.reads(intake.read_regular(path, self.limits.submission_bytes).decode("utf-8"), as_version=4)
                 nbformat.validate(submitted)
             except Exception as err:  # noqa: BLE001 - an unreadable notebook is a reason, not a crash
-                message = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
+                message = safe_text((str(err).strip().splitlines() or [type(err).__name__])[0][:160])
                 return self._failed(student_id, assignment_id, trusted, f"{path.name} is not a valid notebook ({message})", start, on_roster, prints)
             nb, rebuild_notes = rebuild(notebook, submitted)
-            nb, run_notes, tamper, log = run_notebook(nb, trusted, {**files}, self.limits, deadline, self.jobs, self.threads, slot)
+            del submitted
+            alone = path.name in trusted.timing_sensitive and self.jobs > 1
+            queued = time.monotonic()
+            self.gate.enter(alone)
+            deadline += time.monotonic() - queued  # time spent waiting for a timing-sensitive notebook is not the student's
+            try:
+                nb, run_notes, tamper, fault, log = run_notebook(nb, trusted, {**files}, self.limits, deadline, self.jobs,
+                                                                 (os.cpu_count() or 1) if alone else self.threads, self.uids.uids[slot],
+                                                                 first=not any(r.notebook is not None for r in results))
+            finally:
+                self.gate.leave(alone)
+            if alone:
+                run_notes.append("timing-sensitive: ran alone on the machine")
+            if fault:
+                faults.append(f"{path.name}: {fault}")
             logs.append(f"== {path.name}\n{log}")
             results.append(NotebookResult(notebook.name, nb, rebuild_notes + run_notes, tamper))
             notes += [f"{path.name}: {n}" for n in rebuild_notes + run_notes]
             if tamper:
                 tampered.append(f"{path.name}: {tamper}")
         self.course.log_path("autograde", student_id, assignment_id).write_text("\n".join(logs))
-        extra = sorted(p.name for p in folder.glob("*.ipynb") if p.stem not in {n.name for n in trusted.notebooks})
-        notes += [f"ignored {name} (not part of the assignment)" for name in extra]
+        if faults:
+            reason = f"{GRADER_SIDE}: " + "; ".join(faults) + f" (nothing recorded; log: {self.course.log_path('autograde', student_id, assignment_id)})"
+            return Outcome(student_id, assignment_id, "error", 0.0, trusted.max_score, time.monotonic() - start, on_roster, reason, "")
+        extra = sorted(name for name in found if name[:-len(".ipynb")] not in {n.name for n in trusted.notebooks})
+        notes += [f"ignored {safe_text(name)} (not part of the assignment)" for name in extra]
         if tampered:
             reason = "; ".join(tampered) + " (a submission that writes to the grader's channel scores 0)"
             return self._failed(student_id, assignment_id, trusted, reason, start, on_roster, prints, results)
@@ -326,14 +502,12 @@ class Grader:
             warnings.simplefilter("ignore")  # nbgrader's update_or_create_submission trips SQLAlchemy's autoflush warnings
             shutil.rmtree(graded, ignore_errors=True)
             graded.mkdir(parents=True)
-            timestamp = (folder / "timestamp.txt") if folder else None
+            stamp = _timestamp(folder / "timestamp.txt") if folder else None
             with self.course.gradebook() as gb:
                 gb.update_or_create_student(student_id)
-                if timestamp and timestamp.exists():
-                    from nbgrader.utils import parse_utc
-
-                    gb.update_or_create_submission(assignment_id, student_id, timestamp=parse_utc(timestamp.read_text().strip()))
-                    shutil.copy(timestamp, graded / "timestamp.txt")
+                if stamp is not None:
+                    gb.update_or_create_submission(assignment_id, student_id, timestamp=stamp[0])
+                    (graded / "timestamp.txt").write_text(stamp[1])
                 else:
                     gb.update_or_create_submission(assignment_id, student_id)
             for result in results:
@@ -357,10 +531,28 @@ class Grader:
             write_status(self.course, [outcome])
 
 
+def _timestamp(path: Path):
+    """(time, text) of a submission's timestamp.txt, or None when it is missing, not a small regular file or not a time."""
+    from nbgrader.utils import parse_utc
+
+    try:
+        text = intake.read_regular(path, 200).decode().strip()
+        return parse_utc(text), text
+    except Exception:  # noqa: BLE001 - a missing or odd timestamp is no timestamp
+        return None
+
+
 def autograde(course, pending: Sequence[tuple[str, str]], released: set[str], roster: set[str], limits: Limits, jobs: int,
               regrade: bool = False) -> list[Outcome]:
     """Grade ``pending`` (student, assignment) pairs, ``jobs`` at a time; print a line and save the status as each finishes."""
     grader = Grader(course, limits, jobs)
+    try:
+        return _autograde(grader, course, pending, released, roster, limits, regrade)
+    finally:
+        grader.close()
+
+
+def _autograde(grader, course, pending, released, roster, limits, regrade) -> list[Outcome]:
     previous = read_status(course)
     outcomes, todo = [], []
     for student_id, assignment_id in pending:
@@ -373,8 +565,9 @@ def autograde(course, pending: Sequence[tuple[str, str]], released: set[str], ro
             continue
         row = previous.get((student_id, assignment_id))
         folder = course.submitted / student_id / assignment_id
-        if not regrade and row and row.get("fingerprint") == fingerprint(folder, grader.assignment(assignment_id)) \
-                and (course.autograded / student_id / assignment_id).exists():
+        if not regrade and row and row.get("status") in ("graded", "failed") and (course.autograded / student_id / assignment_id).exists() \
+                and row.get("fingerprint") == fingerprint(intake.list_submission(folder, course.root, limits.submission_bytes),
+                                                          grader.assignment(assignment_id), limits.submission_bytes):
             outcomes.append(_from_row(row))
             continue
         todo.append((student_id, assignment_id, on_roster))
@@ -389,7 +582,7 @@ def autograde(course, pending: Sequence[tuple[str, str]], released: set[str], ro
             grader.save_status(outcome)
             outcomes.append(outcome)
             detail = f"{outcome.score:g}/{outcome.max_score:g} ({outcome.percent:.0f}%)" if outcome.status == "graded" else outcome.reason
-            print(f"[{number}/{len(todo)}] {outcome.status:>6}  {outcome.assignment_id}  {outcome.student_id}  {outcome.seconds:.1f} s  {detail}", flush=True)
+            print(safe_text(f"[{number}/{len(todo)}] {outcome.status:>6}  {outcome.assignment_id}  {outcome.student_id}  {outcome.seconds:.1f} s  {detail}", 100_000), flush=True)
     order = {pair: i for i, pair in enumerate(pending)}
     return sorted(outcomes, key=lambda o: order[(o.student_id, o.assignment_id)])
 
@@ -399,8 +592,8 @@ def _grade_safely(grader: Grader, student_id: str, assignment_id: str, on_roster
     try:
         return grader.grade(student_id, assignment_id, on_roster)
     except Exception as err:  # noqa: BLE001 - one submission's problem must not stop the class
-        return Outcome(student_id, assignment_id, "failed", 0.0, 0.0, 0.0, on_roster,
-                       f"the grader could not grade this submission: {type(err).__name__}: {err} (rerun with S={student_id}; report it if it persists)")
+        return Outcome(student_id, assignment_id, "error", 0.0, 0.0, 0.0, on_roster,
+                       f"{GRADER_SIDE}: the grader could not grade this submission: {type(err).__name__}: {err} (report it if it persists)")
 
 
 def _from_row(row: dict) -> Outcome:
@@ -422,10 +615,11 @@ def write_status(course, outcomes: Iterable[Outcome]) -> None:
     rows = read_status(course)
     for o in outcomes:
         rows[(o.student_id, o.assignment_id)] = {**dataclasses.asdict(o), "score": f"{o.score:g}", "max_score": f"{o.max_score:g}", "seconds": f"{o.seconds:.1f}"}
+    safe = {key: {k: safe_text(v, 100_000) if k == "reason" else v for k, v in row.items()} for key, row in rows.items()}
     fields = [f.name for f in dataclasses.fields(Outcome) if f.init]
     temporary = course.root / (STATUS_FILE + ".tmp")
     with temporary.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore", restval="")
         writer.writeheader()
-        writer.writerows(rows[key] for key in sorted(rows))
+        writer.writerows(safe[key] for key in sorted(safe))
     os.replace(temporary, course.root / STATUS_FILE)

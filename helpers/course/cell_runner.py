@@ -1,12 +1,20 @@
 """Run one notebook inside the grading sandbox, cell by cell, and report every cell to the grader.
 
 The grader (helpers.course.autograde) starts this in a sandbox (helpers.course.sandbox) as
-``python -c 'from helpers.course.cell_runner import main; main()'`` and writes the job, a JSON
-object, to its stdin: the cells in order (source, role, grade id) and the limits. The runner copies
-the submission's files from ``/grading/in`` into its working folder, runs the cells, and writes one
+``python -c 'from helpers.course.cell_runner import main; main()'`` and writes the job, one JSON
+line, to its stdin: the cells in order (source, role) and the limits. The runner copies the
+submission's files from ``/grading/in`` into its working folder, runs the cells, and writes one
 JSON line per event to the grader: ``start`` before a cell, ``end`` after it (outputs, error, notes),
 ``done`` at the end. Everything the submission writes to file descriptors 1 and 2 goes to a file in
 the sandbox instead, so that only the runner talks to the grader.
+
+**Hidden tests never enter the student's process.** The job holds only the visible part of each test
+cell and the length of its hidden part. When the visible part has passed, the runner forks: the child
+makes a one-time pad, sends it to the grader and receives the hidden part encrypted with it on stdin,
+runs it, sends its verdict (passed, an exception class name, a limit) straight to the grader and exits.
+The process that goes on running the notebook never holds the hidden source (a read of the pipe gets
+only ciphertext), the hidden code is never put in ``linecache``, and nothing the child did to the
+namespace survives it.
 
 What a submission can no longer do here, compared with a Jupyter kernel:
 
@@ -42,10 +50,12 @@ import types
 import warnings
 from pathlib import Path
 
+from helpers.course import kit_use
+
 INPUT = Path("/grading/in")
 # torch._dynamo rebinds torch.manual_seed when imported: load it before the snapshot so that is not taken for tampering.
 PRELOADED = ("math", "time", "random", "json", "numpy", "numpy.testing", "torch", "torch.nn", "torch.nn.functional", "torch.testing", "torch._dynamo")
-PROTECTED_PACKAGES = ("builtins", "sys", "os", "json", "signal", "math", "time", "random", "numpy", "torch", "helpers", "onnxruntime")
+PROTECTED_PACKAGES = ("builtins", "sys", "os", "json", "signal", "math", "time", "random", "numpy", "torch", "helpers", "onnxruntime", "importlib")
 TRACEBACK_LINES = 60
 
 
@@ -200,14 +210,17 @@ def _error_output(error: BaseException, limits: dict) -> dict:
         evalue = f"{evalue} [hit the {limit}]" if evalue else f"[hit the {limit}]"
     lines = traceback.format_exception(type(error), error, error.__traceback__)
     lines = [line for line in lines if "helpers/course/cell_runner.py" not in line and "cell_runner.py" not in line]
-    return {"ename": type(error).__name__, "evalue": evalue[:4000], "traceback": lines[-TRACEBACK_LINES:], "limit": limit}
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if f.filename.startswith("<cell-")]
+    return {"ename": type(error).__name__, "evalue": evalue[:4000], "traceback": lines[-TRACEBACK_LINES:], "limit": limit,
+            "line": frames[0].lineno if frames else None}
 
 
 class Runner:
     """Runs the cells of one notebook in a fresh ``__main__`` namespace and reports them on ``channel``."""
 
-    def __init__(self, job: dict, channel: int):
+    def __init__(self, job: dict, channel: int, grader_in: int = -1):
         self.job, self.channel, self.limits = job, channel, job["limits"]
+        self.grader_in = grader_in
         self.write = os.write  # the runner's own reference: rebinding os.write does not reach it
         self.main = types.ModuleType("__main__")
         self.main.__dict__["__builtins__"] = builtins
@@ -216,6 +229,8 @@ class Runner:
 
         self.transformer = TransformerManager()
         self.shell = self._shell()
+        # The assignment's declared part of the kit (assignment.toml), before any cell runs: the guard then protects the hook.
+        kit_use.install(job.get("assignment", "this assignment"), job.get("kit"), os.getcwd(), job.get("support_modules", []))
         self.guard = Guard(job.get("support_modules", []))
         self.used_output = 0
         self.cells_run = 0
@@ -256,8 +271,13 @@ class Runner:
         signal.signal(signal.SIGALRM, _on_alarm)
         signal.signal(signal.SIGXCPU, _on_cpu_limit)
         signal.setitimer(signal.ITIMER_REAL, float(self.limits["cell_s"]))
+        hidden, in_hidden = None, False
         try:
             result = self.execute(cell["source"], namespace, show_result=role != "test")
+            if role == "test" and cell.get("hidden") and not stderr.kept:
+                in_hidden = True
+                hidden = self.run_hidden(cell, namespace)
+                in_hidden = False
         except BaseException as err:  # noqa: BLE001 - every error, even SystemExit, is the cell's outcome
             error = err
         finally:
@@ -277,11 +297,77 @@ class Runner:
                 notes.append(f"{stream.dropped:,} bytes of {stream.name} dropped at the output limit ({self.limits['output_bytes']:,} bytes per notebook)")
         self.used_output += stdout.kept + stderr.kept
         outcome = {"stdout": stdout.value(), "stderr": stderr.value(), "seconds": round(seconds, 3), "notes": notes}
+        if hidden is not None:
+            outcome["hidden_status"] = hidden
+        if in_hidden:
+            outcome["hidden_interrupted"] = True  # the error (a limit) came while the hidden tests ran
         if result is not None:
             outcome["result"] = _bounded_repr(result)
         if error is not None:
             outcome["error"] = _error_output(error, self.limits)
         return outcome
+
+    def run_hidden(self, cell: dict, namespace: dict) -> int:
+        """Run the test cell's hidden part in a child process (see the module's docstring); returns the child's exit status.
+
+        The verdict goes from the child to the grader; the parent only waits (its per-cell alarm still applies).
+        """
+        left = signal.getitimer(signal.ITIMER_REAL)[0]
+        sys.stdout.flush()
+        pid = os.fork()
+        if pid == 0:
+            verdict = {"passed": False, "ename": "RunnerError", "limit": "", "line": None}
+            try:
+                signal.setitimer(signal.ITIMER_REAL, max(left, 0.01))
+                _share_parents_forkserver()
+                _one_openmp_thread()
+                verdict = self._hidden_verdict(cell, namespace)
+            except BaseException as err:  # noqa: BLE001 - a timeout while receiving or running is a verdict too
+                verdict = {"passed": False, "ename": type(err).__name__, "limit": _classify(err, self.limits), "line": None}
+            finally:
+                try:
+                    signal.setitimer(signal.ITIMER_REAL, 0)
+                    self.send(event="hidden", cell=cell["index"], **verdict)
+                finally:
+                    os._exit(0)
+        try:
+            _, status = os.waitpid(pid, 0)
+            pid = 0
+            return status
+        finally:
+            if pid:  # interrupted (the per-cell limit): the child goes with the cell
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+
+    def _hidden_verdict(self, cell: dict, namespace: dict) -> dict:
+        size = int(cell["hidden"])
+        pad = os.urandom(size)
+        self.send(event="key", cell=cell["index"], pad=pad.hex())
+        data = bytearray()
+        while len(data) < size:
+            chunk = os.read(self.grader_in, size - len(data))
+            if not chunk:
+                raise EOFError("the grader sent no hidden tests")
+            data += chunk
+        code = compile(bytes(a ^ b for a, b in zip(data, pad)).decode(), "<hidden tests>", "exec", dont_inherit=True)
+        del data, pad
+        quiet, errors = BoundedText(0, "stdout"), BoundedText(0, "stderr")
+        sys.stdout, sys.stderr = quiet, errors
+        error = None
+        try:
+            exec(code, namespace)  # noqa: S102
+        except BaseException as err:  # noqa: BLE001
+            error = err
+        finally:
+            sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
+        del code
+        changed = self.guard.changes(namespace)
+        wrote_stderr = errors.dropped > 0
+        if error is None and changed:
+            return {"passed": False, "ename": "RuntimeError", "limit": "", "line": None, "replaced": sorted(changed)[:12]}
+        if error is None and not wrote_stderr:
+            return {"passed": True, "ename": "", "limit": "", "line": None}
+        return {"passed": False, "ename": type(error).__name__ if error else "stderr", "limit": _classify(error, self.limits) if error else "", "line": None}
 
     def execute(self, source: str, namespace: dict, show_result: bool):
         """Compile with IPython's transformer (magics work) and run; the value of a last expression is returned."""
@@ -299,6 +385,24 @@ class Runner:
                 namespace["_"] = value
             return value
         return None
+
+
+def _one_openmp_thread() -> None:
+    """In the hidden-test child: GNU OpenMP's thread pool does not survive a fork (the child's first parallel region
+    would wait for the parent's threads forever), so torch runs the hidden tests on one thread, as DataLoader workers do."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)
+
+
+def _share_parents_forkserver() -> None:
+    """In the hidden-test child: use the multiprocessing forkserver the notebook's process started (workers the kit
+    launches come from it). Its liveness check waits on the server's pid, which only the parent may do, so the
+    child would raise ChildProcessError; the server lives as long as the parent, which waits for this child."""
+    forkserver = sys.modules.get("multiprocessing.forkserver")
+    server = getattr(forkserver, "_forkserver", None)
+    if server is not None and server._forkserver_pid is not None and server._forkserver_address is not None:
+        server.ensure_running = lambda: None
 
 
 def _bounded_repr(value, limit: int = 2000) -> str:
@@ -328,7 +432,15 @@ def _copy_input(source: Path, destination: Path) -> None:
 
 def main() -> None:
     """Entry point inside the sandbox: job on stdin, events on the original stdout."""
-    job = json.loads(sys.stdin.read())
+    grader_in = os.dup(0)
+    os.set_inheritable(grader_in, False)
+    line = bytearray()
+    while not line.endswith(b"\n"):  # the job is one line; the grader writes again only when asked (hidden tests)
+        chunk = os.read(grader_in, 1 << 16)
+        if not chunk:
+            break
+        line += chunk
+    job = json.loads(line)
     channel, log = os.dup(1), os.dup(2)
     os.set_inheritable(channel, False)
     os.set_inheritable(log, False)
@@ -339,7 +451,7 @@ def main() -> None:
     Path(os.environ.get("HOME", "/tmp/home")).mkdir(parents=True, exist_ok=True)
     _copy_input(Path(job.get("input", INPUT)), Path(job["workdir"]))
     try:
-        runner = Runner(job, channel)
+        runner = Runner(job, channel, grader_in)
         spill = os.open(job.get("spill", "/tmp/.fd-output"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.dup2(spill, 1)  # from here on, the submission's own writes to fd 1 and 2 land in a file of the sandbox
         os.dup2(spill, 2)

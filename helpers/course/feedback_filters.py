@@ -1,5 +1,11 @@
 """nbgrader feedback preprocessors: hidden tests never reach a student, and feedback stays small.
 
+A feedback page is built only from what the grader wrote: the student's own code, the visible part of
+each test cell, and the grader's verdict of each test (``[grader] ...``, never text the submission made).
+What the submission's code printed stays in the graded notebook for the TA, off the page, so nothing a
+submission reads while it runs (a stack, the heap, a file) can reach the page. Sources are cut at 64 KiB
+per cell and 1 MiB per page.
+
 nbgrader_config.py runs them (``c.GenerateFeedback.preprocessors``) in this order: GetGrades,
 HideHiddenTestTracebacks, RemoveHiddenTests, CSSHTMLHeaderPreprocessor.
 """
@@ -12,6 +18,8 @@ from nbgrader.preprocessors import NbGraderPreprocessor
 from helpers.course import assignments
 
 OUTPUT_CHARS = 64 * 1024
+PAGE_SOURCE_CHARS = 2**20
+GRADER_MARK = "[grader] "  # helpers.course.autograde.GRADER_MARK
 REDACTED = "[output removed from the feedback: it quoted the hidden tests]"
 
 
@@ -26,7 +34,7 @@ class HideHiddenTestTracebacks(NbGraderPreprocessor):
     def preprocess_cell(self, cell, resources, index):
         if assignments.is_graded_test(cell) and assignments.HIDDEN_BEGIN in cell.source:
             for output in cell.get("outputs", []):
-                if output.get("output_type") == "error":
+                if output.get("output_type") == "error" and not "".join(output.get("traceback", [])).startswith(GRADER_MARK):
                     output["traceback"] = [_one_line_traceback(cell.source, output)]
         return cell, resources
 
@@ -56,12 +64,28 @@ class RemoveHiddenTests(NbGraderPreprocessor):
         for cell in nb.cells:
             if assignments.is_graded_test(cell):
                 hidden.update(_hidden_lines(cell.source))
+        budget = PAGE_SOURCE_CHARS
         for cell in nb.cells:
             if assignments.is_graded_test(cell) and assignments.HIDDEN_BEGIN in cell.source:
                 cell.source = _without_hidden_region(cell.source)
+            if "outputs" in cell:
+                cell.outputs = [o for o in cell.outputs if _from_grader(o)]
             for output in cell.get("outputs", []):
                 _redact(output, hidden)
+            cut = min(OUTPUT_CHARS, max(budget, 0))
+            if len(cell.source) > cut:
+                cell.source = cell.source[:cut] + f"\n[... {len(cell.source) - cut:,} more characters not shown]"
+            budget -= len(cell.source)
         return nb, resources
+
+
+def _from_grader(output) -> bool:
+    """An output the grader wrote (a test's verdict), not one the submission's code produced."""
+    if output.get("output_type") == "error":
+        return "".join(output.get("traceback", [])).startswith(GRADER_MARK)
+    if output.get("output_type") == "stream":
+        return output.get("name") == "stdout" and str(output.get("text", "")).startswith(GRADER_MARK)
+    return False
 
 
 def _hidden_lines(source: str) -> set[str]:

@@ -17,7 +17,6 @@ import dataclasses
 import multiprocessing
 import os
 import re
-import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -26,10 +25,11 @@ from typing import Sequence
 
 from helpers.core.procs import redirect_output, stop_tree
 from helpers.core.report import Report, column
-from helpers.course import assignments
+from helpers.course import assignments, intake
 from helpers.course.autograde import STATUS_FILE, AutogradeReport, Outcome, read_status, write_status  # noqa: F401 - the grading API
 from helpers.course.autograde import autograde as grade_submissions
 from helpers.course.feedback_filters import HideHiddenTestTracebacks, RemoveHiddenTests  # noqa: F401 - named in nbgrader_config.py
+from helpers.course.intake import safe_text
 from helpers.course.sandbox import Limits
 
 WEIGHTS = {"hw1_distributed": 0.3, "hw2_profiling": 0.1, "hw3_deployment": 0.4, "hw4_monitoring": 0.2}
@@ -75,13 +75,31 @@ class Course:
         return ids
 
     def submissions(self, assignment_ids: Sequence[str] = (), student_ids: Sequence[str] = (), under: Path | None = None) -> list[tuple[str, str]]:
-        """(student_id, assignment_id) of every folder ``<under>/<student>/<assignment>/`` (default: submitted/)."""
+        """(student_id, assignment_id) of every folder ``<under>/<student>/<assignment>/`` (default: submitted/).
+
+        Entries are listed without following links: a student or assignment folder that is a link (or anything
+        but a folder) is listed all the same, so that grading refuses it with a reason. A folder whose name is
+        not a valid student id (intake.ID_ALPHABET) is skipped with a warning.
+        """
         under = under or self.submitted
         found = []
-        for student in sorted(p for p in under.glob("*") if p.is_dir() and not p.name.startswith(".")):
-            for assignment in sorted(p for p in student.iterdir() if p.is_dir() and not p.name.startswith(".")):
-                if (not assignment_ids or assignment.name in assignment_ids) and (not student_ids or student.name in student_ids):
-                    found.append((student.name, assignment.name))
+        if not under.is_dir():
+            return found
+        for student in sorted(p for p in under.iterdir() if not p.name.startswith(".")):
+            try:
+                intake.check_student_id(student.name)
+            except intake.Refused as err:
+                print(f"warning: skipped {under.name}/{safe_text(student.name)}: {err}", file=sys.stderr)
+                continue
+            if not (not student_ids or student.name in student_ids):
+                continue
+            if student.is_symlink() or not student.is_dir():
+                found += [(student.name, a) for a in (assignment_ids or self.assignment_ids())]
+                continue
+            for assignment in sorted(p for p in student.iterdir() if not p.name.startswith(".")):
+                if assignment.is_dir() or assignment.is_symlink():
+                    if not assignment_ids or assignment.name in assignment_ids:
+                        found.append((student.name, assignment.name))
         return found
 
     def log_path(self, command: str, *names: str) -> Path:
@@ -295,12 +313,12 @@ class CourseGrades(Report):
         off_roster = [r.student_id for r in self.students if not r.on_roster]
         lines = [f"students: {len(self.students)} in the table, {len(submitters)} with at least one submission"]
         if off_roster:
-            lines.append(f"not on the roster (graded all the same): {', '.join(off_roster)}")
+            lines.append(safe_text(f"not on the roster (graded all the same): {', '.join(off_roster)}"))
         lines.append("mean per assignment (over all students; missing or failed = 0):")
         lines += [f"  {a:<18} {self.means[a]:6.1f}%   ({len(self.submissions.get(a, ())):d} submissions, weight {WEIGHTS.get(a, 0):g})" for a in self.assignment_ids]
         if self.failures:
             lines.append(f"failed submissions ({len(self.failures)}, scored 0):")
-            lines += [f"  {f['student_id']} / {f['assignment_id']}: {f['reason']}" for f in self.failures]
+            lines += [safe_text(f"  {f['student_id']} / {f['assignment_id']}: {f['reason']}") for f in self.failures]
         else:
             lines.append("failed submissions: none")
         return "\n".join(lines)
@@ -308,9 +326,29 @@ class CourseGrades(Report):
     def write_csv(self, path: Path) -> None:
         with path.open("w", newline="") as f:
             writer = csv.writer(f)
-            writer.writerow(["student_id", *self.assignment_ids, "course_grade"])
+            writer.writerow(["student_id", *map(safe_text, self.assignment_ids), "course_grade"])
             for r in self.students:
-                writer.writerow([r.student_id, *(f"{r.percents[a]:.2f}" for a in self.assignment_ids), f"{r.course_grade:.2f}"])
+                writer.writerow([safe_text(r.student_id), *(f"{r.percents[a]:.2f}" for a in self.assignment_ids), f"{r.course_grade:.2f}"])
+
+
+def neutralise_csv(path: Path) -> None:
+    """Rewrite a CSV written by another tool (nbgrader's export) with every cell made safe for a spreadsheet."""
+    if not path.exists():
+        return
+    with path.open(newline="") as f:
+        rows = list(csv.reader(f))
+    temporary = path.with_suffix(".tmp")
+    with temporary.open("w", newline="") as f:
+        csv.writer(f).writerows([[cell if _is_number(cell) else safe_text(cell) for cell in row] for row in rows])
+    os.replace(temporary, path)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
 
 
 def course_grade(percents: dict[str, float], weights: dict[str, float] = WEIGHTS) -> float:
@@ -322,7 +360,7 @@ def course_grades(course: Course) -> CourseGrades:
     """Every student's percentage per assignment and course grade, from the gradebook and the autograding status."""
     roster = course.roster()
     status = read_status(course)
-    failed = {key: row for key, row in status.items() if row["status"] == "failed"}
+    failed = {key: row for key, row in status.items() if row["status"] in ("failed", "error")}
     percents: dict[str, dict[str, float]] = {}
     submissions: dict[str, set[str]] = {}
     mismatches: list[str] = []
@@ -358,6 +396,7 @@ def grades(course: Course) -> CourseGrades:
     run = run_nbgrader(course, ["export", "--to", GRADES_FILE], course.log_path("export", "grades"), timeout=600)
     if not run.ok:
         raise GradingError(f"nbgrader export failed: {last_error_line(run.log)} (log: {run.log_path})")
+    neutralise_csv(course.root / GRADES_FILE)
     report = course_grades(course)
     report.write_csv(course.root / COURSE_GRADES_FILE)
     print(report.table())
@@ -373,26 +412,26 @@ def grades(course: Course) -> CourseGrades:
 def import_zip(course: Course, archive: str | Path, assignment_id: str) -> list[str]:
     """Collect an LMS download (a zip of <student>_<notebook>.ipynb or <student>/<notebook>.ipynb files) into submitted/.
 
-    Uses nbgrader's zip_collect with the file-name pattern set in nbgrader_config.py;
-    returns the student ids that now have a submission of ``assignment_id``.
+    helpers.course.lms_import does it, bounded and atomic per student, with the file-name pattern set in
+    nbgrader_config.py; returns the student ids imported from this archive. Run it again with next week's
+    download: each student's folder of the assignment is replaced by the new one.
     """
+    from helpers.course import lms_import
+
     archive = Path(archive)
     if not archive.is_file():
         raise GradingError(f"no such file: {archive} (pass ZIP=path/to/download.zip)")
     if assignment_id not in course.assignment_ids():
         raise GradingError(f"no assignment {assignment_id!r} under {course.source} (pass A=<assignment id>)")
-    target = course.root / "downloaded" / assignment_id / "archive"
-    target.mkdir(parents=True, exist_ok=True)
-    shutil.copy(archive, target / archive.name)
-    run = run_nbgrader(course, ["zip_collect", assignment_id, "--force"], course.log_path("import", assignment_id), timeout=600)
-    if not run.ok:
-        raise GradingError(f"zip_collect failed: {last_error_line(run.log)} (log: {run.log_path})")
-    skipped = re.findall(r"Skipped submission with no match information provided: (\S+)", run.log)
-    students = [s for s, _ in course.submissions([assignment_id])]
-    print(f"collected {assignment_id} for {len(students)} students into {course.submitted}: {', '.join(students)}")
-    for path in skipped:
-        print(f"skipped {Path(path).name}: its name is not <student>_<notebook>.ipynb or <student>/<notebook>.ipynb")
-    return students
+    try:
+        report = lms_import.import_archive(course.root, archive, assignment_id, course.roster())
+    except intake.Refused as err:
+        raise GradingError(f"the archive was refused, nothing was imported: {err}") from None
+    for line in report.lines():
+        print(line)
+    print(f"collected {assignment_id} for {len(report.imported)} students into {course.submitted}: {', '.join(sorted(report.imported))}"
+          + (f"; {len(report.refused)} refused (see above)" if report.refused else ""))
+    return sorted(report.imported)
 
 
 # ---------------------------------------------------------------- command line
@@ -430,7 +469,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             report = autograde(course, args.assignment, args.student, args.timeout, args.cell_timeout, args.jobs, args.regrade, limits)
             print()
             print(report.table())
-            print(f"\n{len(report.rows) - len(report.failed)} graded, {len(report.failed)} failed (scored 0; reasons above); status in {course.root / STATUS_FILE}")
+            graded = len(report.rows) - len(report.failed) - len(report.errors)
+            print(f"\n{graded} graded, {len(report.failed)} failed (scored 0; reasons above); status in {course.root / STATUS_FILE}")
+            if report.errors:
+                students = " ".join(sorted({f"S={o.student_id}" for o in report.errors}))
+                print(f"error: {len(report.errors)} submission(s) could not be graded because of the grader, not the student (each was "
+                      f"tried twice; nothing was recorded for them): {', '.join(f'{o.student_id}/{o.assignment_id}' for o in report.errors)}. "
+                      f"Fix the cause named in the reason, then rerun them: make autograde {students}", file=sys.stderr)
+                return 3
         elif args.command == "feedback":
             feedback(course, args.assignment, args.student)
         elif args.command == "grades":

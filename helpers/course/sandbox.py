@@ -8,7 +8,9 @@ What the submission's code sees (bubblewrap, Debian's ``bubblewrap`` package, ``
   the kit's checkout;
 * no network (a private loopback only: its own servers on 127.0.0.1 work, nothing outside is reachable);
 * its own process namespace: when the runner ends or is stopped, everything it started ends with it;
-* an unprivileged user (as root: uid 64000 + the job slot, so each slot has its own process limit) and no capabilities;
+* an unprivileged user and no capabilities. As root, each job slot runs as a uid of its own, leased for the
+  grading run (``UidLease``: a lock file per uid), so two graders on one machine never share a uid: neither
+  their process limits nor their processes;
 * limits (util-linux ``prlimit``): CPU seconds, address space, processes and threads, file size, open files;
   wall time and output bytes are enforced by the grader.
 
@@ -18,6 +20,7 @@ limits, with no file-system, network or process isolation, and every grading com
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import os
 import queue
@@ -35,7 +38,8 @@ import psutil
 
 from helpers.core.procs import stop_tree
 
-SANDBOX_UID = 64000  # as root, job slot k runs as uid 64000 + k: each slot has a process limit of its own
+UID_BASE, UID_COUNT = 64000, 1000  # as root, sandboxes run as uids leased from this range, one per job slot
+UID_LOCKS = Path("/run/lock/edl-grader-uids") if Path("/run/lock").is_dir() else Path(tempfile.gettempdir()) / "edl-grader-uids"
 SANDBOX_INPUT = "/grading/in"
 SCRATCH = ("/tmp", "/dev/shm", "/var/tmp")  # private, size-limited tmpfs mounts (DVC keeps its site cache in /var/tmp)
 SANDBOX_KIT = "/opt/edl-kit"  # the kit's helpers package, read-only, first on the sandbox's PYTHONPATH
@@ -63,6 +67,50 @@ class Limits:
                 f"{self.processes} processes, output {self.output_bytes / 2**20:g} MiB, disk {self.disk_bytes / 2**20:g} MiB")
 
 
+class UidLease:
+    """``count`` sandbox uids that no other grading run on this machine holds (as root; otherwise the grader's own uid).
+
+    Each uid is held through an exclusive ``flock`` on a lock file of its own, which the kernel releases when
+    this process ends however it ends; a uid that still has processes (left by a killed run) is skipped.
+    """
+
+    def __init__(self, count: int):
+        self.uids: list[int] = []
+        self._locks: list = []
+        if os.getuid() != 0:
+            self.uids = [os.getuid()] * count
+            return
+        UID_LOCKS.mkdir(mode=0o755, parents=True, exist_ok=True)
+        for uid in range(UID_BASE, UID_BASE + UID_COUNT):
+            if len(self.uids) == count:
+                break
+            lock = open(UID_LOCKS / f"{uid}.lock", "a")
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                lock.close()
+                continue
+            if _process_count(uid):
+                lock.close()
+                continue
+            self.uids.append(uid)
+            self._locks.append(lock)
+        if len(self.uids) < count:
+            self.release()
+            raise RuntimeError(f"no {count} free sandbox uids in {UID_BASE}..{UID_BASE + UID_COUNT - 1} (lock files in {UID_LOCKS})")
+
+    def release(self) -> None:
+        for lock in self._locks:
+            lock.close()
+        self._locks = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+
 @lru_cache(maxsize=1)
 def bubblewrap() -> str | None:
     """Path of a working ``bwrap``, or None (not installed, or user namespaces are not allowed here)."""
@@ -88,6 +136,8 @@ class CellEvent:
 
     index: int
     outcome: dict | None = None  # None: the cell started but never ended
+    hidden: dict | None = None  # the verdict of the cell's hidden tests, from the child that ran them
+    key_sent: bool = False  # the cell's hidden part went to the runner's child
 
 
 @dataclass
@@ -136,22 +186,36 @@ def _mount_points(paths: list[Path]) -> list[str]:
     return args
 
 
-def bwrap_command(input_dir: Path, limits: Limits, jobs: int, env: dict[str, str], slot: int = 0) -> list[str]:
-    """The full command line: prlimit, bwrap with its mounts and namespaces, the runner (as root: dropping to the slot's uid)."""
+def _python_homes() -> list[tuple[Path, Path]]:
+    """(host path, path in the sandbox) of the Python installation: each prefix resolved, and again where it is seen
+    through a link (a symlinked .venv or home), since the runner is started as ``sys.executable`` reads."""
+    homes = set()
+    for prefix in (Path(sys.base_prefix), Path(sys.prefix), Path(sys.executable).parent.parent):
+        resolved = prefix.resolve()
+        homes.add((resolved, resolved))
+        if Path(os.path.abspath(prefix)) != resolved:
+            homes.add((resolved, Path(os.path.abspath(prefix))))
+    return sorted(homes)
+
+
+def bwrap_command(input_dir: Path, limits: Limits, jobs: int, env: dict[str, str], uid: int | None = None) -> list[str]:
+    """The full command line: prlimit, bwrap with its mounts and namespaces, the runner (as root: dropping to ``uid``)."""
     import helpers
 
     kit_package = Path(helpers.__file__).resolve().parent
-    python_homes = sorted({Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve()})
-    read_only = [Path(p) for p in ("/usr", "/etc", "/sys") if Path(p).exists()] + python_homes
+    read_only = [(Path(p), Path(p)) for p in ("/usr", "/etc", "/sys") if Path(p).exists()]
+    for host, inside in _python_homes():  # a link inside a folder bound whole is there already, and resolves inside
+        if host == inside or not any(inside.is_relative_to(bound) for _, bound in read_only if _ == bound):
+            read_only.append((host, inside))
     args = [bubblewrap(), "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
             "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
     # Scratch space first: the read-only binds come after, so a kit or venv that lives under /tmp stays visible.
     args += ["--proc", "/proc", "--dev", "/dev"]
     for scratch in SCRATCH:
         args += ["--size", str(limits.disk_bytes), "--perms", "1777", "--tmpfs", scratch]
-    args += _mount_points([p for p in read_only if p.parent != Path("/")] + [Path(SANDBOX_INPUT), Path(SANDBOX_KIT) / "helpers"])
-    for path in read_only:
-        args += ["--ro-bind", str(path), str(path)]
+    args += _mount_points([inside for _, inside in read_only if inside.parent != Path("/")] + [Path(SANDBOX_INPUT), Path(SANDBOX_KIT) / "helpers"])
+    for host, inside in read_only:
+        args += ["--ro-bind", str(host), str(inside)]
     args += ["--ro-bind", str(kit_package), f"{SANDBOX_KIT}/helpers"]  # the kit's package only, not its checkout
     for link in ("bin", "lib", "lib64", "sbin"):
         target = Path("/") / link
@@ -163,11 +227,13 @@ def bwrap_command(input_dir: Path, limits: Limits, jobs: int, env: dict[str, str
     for key, value in env.items():
         args += ["--setenv", key, value]
     command = [sys.executable, "-c", RUNNER]
-    uid = os.getuid()
-    if uid == 0:  # become an unprivileged user inside, so the process limit applies and nothing is writable
-        uid = SANDBOX_UID + slot
+    if os.getuid() == 0:  # become an unprivileged user inside, so the process limit applies and nothing is writable
+        if uid is None or uid == 0:
+            raise ValueError("as root, a sandbox needs a leased uid (UidLease)")
         args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
         command = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all", "--no-new-privs", *command]
+    else:
+        uid = os.getuid()
     return _prlimit(limits, jobs, uid) + args + ["--", *command]
 
 
@@ -186,28 +252,38 @@ def sandbox_environment(threads: int) -> dict[str, str]:
     }
 
 
-def run_notebook(files: dict[str, Path], job: dict, limits: Limits, deadline: float, jobs: int = 1, threads: int = 2, slot: int = 0) -> SandboxRun:
+def run_notebook(files: dict[str, Path], job: dict, limits: Limits, deadline: float, jobs: int = 1, threads: int = 2, uid: int | None = None,
+                 hidden: dict[int, str] | None = None) -> SandboxRun:
     """Run one notebook's job in a fresh sandbox holding ``files`` (name -> host path); stop it at ``deadline``.
 
     ``job`` is the runner's job (cells and limits; it never touches the disk, so the hidden tests are
-    not readable from the sandbox's files). Returns the events as the runner reported them.
+    not readable from the sandbox's files). ``hidden``: the hidden part of each test cell (by cell index), which
+    never enters the job: it is sent, encrypted with a pad the runner's child makes, only when that child asks
+    (see helpers.course.cell_runner). Each file is read as a regular file (never through a link), bounded
+    by the submission limit. ``uid``: the sandbox's user as root (a one-off lease when None).
+    Returns the events as the runner reported them.
     """
+    from helpers.course import intake
+
     staging = Path(tempfile.mkdtemp(prefix="edl-grade-"))
+    lease = UidLease(1) if uid is None and os.getuid() == 0 else None
     try:
         staging.chmod(0o755)
         for name, path in files.items():
-            shutil.copy(path, staging / name)
+            (staging / name).write_bytes(intake.read_regular(path, limits.submission_bytes))
             (staging / name).chmod(0o644)
-        return _run(staging, job, limits, deadline, jobs, threads, slot)
+        return _run(staging, job, limits, deadline, jobs, threads, lease.uids[0] if lease else uid, hidden or {})
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+        if lease:
+            lease.release()
 
 
-def _run(staging: Path, job: dict, limits: Limits, deadline: float, jobs: int, threads: int, slot: int) -> SandboxRun:
+def _run(staging: Path, job: dict, limits: Limits, deadline: float, jobs: int, threads: int, uid: int | None, hidden: dict[int, str]) -> SandboxRun:
     job = {**job, "limits": dataclasses.asdict(limits)}
     env = sandbox_environment(threads)
     if bubblewrap():
-        command = bwrap_command(staging, limits, jobs, env, slot)
+        command = bwrap_command(staging, limits, jobs, env, uid)
         job.update(workdir=SANDBOX_WORK, input=SANDBOX_INPUT, spill="/tmp/.fd-output")
         cwd, start_new_session = None, False
     else:
@@ -223,8 +299,8 @@ def _run(staging: Path, job: dict, limits: Limits, deadline: float, jobs: int, t
                                cwd=cwd, start_new_session=start_new_session)
     run = SandboxRun()
     try:
-        process.stdin.write(json.dumps(job).encode())
-        process.stdin.close()
+        process.stdin.write(json.dumps(job).encode() + b"\n")
+        process.stdin.flush()
     except BrokenPipeError:
         pass
     events: queue.Queue = queue.Queue()
@@ -233,8 +309,12 @@ def _run(staging: Path, job: dict, limits: Limits, deadline: float, jobs: int, t
     errors: list[bytes] = []
     threading.Thread(target=lambda: errors.append(process.stderr.read(64 * 2**10)), daemon=True).start()
     try:
-        _follow(run, job, events, limits, deadline)
+        _follow(run, job, events, limits, deadline, hidden, process.stdin)
     finally:
+        try:
+            process.stdin.close()
+        except OSError:
+            pass
         try:
             process.wait(timeout=5 if run.finished else 0.1)
         except subprocess.TimeoutExpired:
@@ -264,8 +344,12 @@ def _read_events(stream, events: queue.Queue, max_line: int) -> None:
             events.put(("garbled", line[:200]))
 
 
-def _follow(run: SandboxRun, job: dict, events: queue.Queue, limits: Limits, deadline: float) -> None:
-    """Read the runner's events in the order the job defines; stop at the wall limit, a stuck cell or tampering."""
+def _follow(run: SandboxRun, job: dict, events: queue.Queue, limits: Limits, deadline: float, hidden: dict[int, str], to_runner) -> None:
+    """Read the runner's events in the order the job defines; stop at the wall limit, a stuck cell or tampering.
+
+    Within a test cell, a ``key`` event (once) gets the cell's hidden part back, encrypted with the pad it
+    carries, and a ``hidden`` event (once, after the key) is the verdict of the hidden tests.
+    """
     expected = [c["index"] for c in job["cells"]]
     position, in_cell, cell_started = 0, False, time.monotonic()
     while True:
@@ -292,7 +376,25 @@ def _follow(run: SandboxRun, job: dict, events: queue.Queue, limits: Limits, dea
             run.finished = True
             return
         wanted = expected[position] if position < len(expected) else None
-        if kind == "start" and not in_cell and index == wanted:
+        current = run.cells.get(index) if in_cell and index == wanted else None
+        if kind == "key" and current is not None and index in hidden and not current.key_sent:
+            secret = hidden[index].encode()
+            try:
+                pad = bytes.fromhex(str(event.get("pad", "")))
+            except ValueError:
+                pad = b""
+            if len(pad) != len(secret):
+                run.tampered = f"asked for the hidden tests of cell {index} with a key of the wrong size"
+                return
+            current.key_sent = True
+            try:
+                to_runner.write(bytes(a ^ b for a, b in zip(secret, pad)))
+                to_runner.flush()
+            except OSError:
+                pass
+        elif kind == "hidden" and current is not None and current.key_sent and current.hidden is None:
+            current.hidden = event
+        elif kind == "start" and not in_cell and index == wanted:
             run.cells[index] = CellEvent(index)
             in_cell, cell_started = True, time.monotonic()
         elif kind == "end" and in_cell and index == wanted:
