@@ -5,6 +5,7 @@ against its own copy of this file.
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 from typing import Callable, Iterable
@@ -17,6 +18,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from helpers.core.timing import time_once
+from helpers.core.torch_adapters.dispatch import TorchDispatchMode
 from helpers.training.sequences import PAD, SequenceData, pad_to
 
 # ---------------------------------------------------------------- Part 1: images stored as PNG files
@@ -208,11 +210,41 @@ def regression_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, fp16: bo
 
 
 class RecordingSGD(torch.optim.SGD):
-    """SGD that keeps a copy of the gradients it was given at its last step (``.seen``), so tests can check them."""
+    """SGD that keeps a copy of the gradients it was given at its last step (``.seen``) and counts its steps (``.steps``)."""
+
+    steps = 0
 
     def step(self, closure=None):
         self.seen = [None if p.grad is None else p.grad.detach().clone() for group in self.param_groups for p in group["params"]]
+        self.steps += 1
         return super().step(closure)
+
+
+# The kernels torch.amp.GradScaler runs to unscale and check gradients and to update its scale. Part 3 asks for a scaler
+# written without it: the tests watch torch's dispatcher for these ops while your scaler runs, whoever calls them.
+GRAD_SCALER_OPS = frozenset({"_amp_foreach_non_finite_check_and_unscale_", "_amp_update_scale_"})
+
+
+class GradScalerUsed(AssertionError):
+    """Raised when GradScaler's kernels run inside ``forbid_grad_scaler()``."""
+
+
+class _WatchGradScalerOps(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket.__name__ in GRAD_SCALER_OPS:
+            raise GradScalerUsed(f"{func.overloadpacket.__name__} ran: that is torch.amp.GradScaler's kernel; write the scaling yourself")
+        return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def forbid_grad_scaler(*objects):
+    """Fail if GradScaler's kernels run inside the block, or if any of ``objects`` holds a GradScaler (one level deep)."""
+    for obj in objects:
+        held = [obj, *vars(obj).values()] if hasattr(obj, "__dict__") else [obj]
+        if any(isinstance(value, torch.amp.GradScaler) for value in held):
+            raise GradScalerUsed(f"{type(obj).__name__} holds a torch.amp.GradScaler; write the scaling yourself")
+    with _WatchGradScalerOps():
+        yield
 
 
 def gradients(model: nn.Module) -> list[torch.Tensor]:
