@@ -25,9 +25,9 @@ os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.autograd import DeviceType  # noqa: E402
-from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler  # noqa: E402
+from torch.profiler import ProfilerActivity  # noqa: E402
 
-from helpers.core.device import is_gpu, pick_device, synchronize  # noqa: E402
+from helpers.core.device import is_gpu, pick_device  # noqa: E402
 from helpers.core.paths import build_dir, kit_root  # noqa: E402
 from helpers.core.report import Report, column, format_seconds  # noqa: E402
 
@@ -231,22 +231,16 @@ class OpProfile(Report):
         self.trace, self.device, self.steps = trace, device, steps
 
 
-def torch_profile(step: Callable[[], object], steps: int = 5, device: str | torch.device | None = None, name: str = "step", top: int = 10) -> OpProfile:
-    """Profile ``steps`` calls of ``step`` (after one skipped and one warm-up call) and export a trace under build/profiles/.
+def op_table(prof, device: str | torch.device | None = None, steps: int | None = None, trace_folder: str | Path | None = None,
+             top: int = 10) -> OpProfile:
+    """The ops of a finished ``torch.profiler.profile`` run ranked by self time, and the newest trace under ``trace_folder``.
 
-    The schedule and the trace handler are torch.profiler's own: the trace is a
-    Chrome-trace JSON file that Perfetto and TensorBoard both read.
+    The profiling loop is the caller's (Lecture 5b writes it, with a schedule and
+    ``record_function``); this tabulates what it recorded.
     """
     device = pick_device(device)
-    folder = build_dir("profiles", name)
-    for old in folder.glob("*.pt.trace.json"):
-        old.unlink()
-    with profile(activities=profiler_activities(device), schedule=schedule(wait=1, warmup=1, active=steps), on_trace_ready=tensorboard_trace_handler(str(folder), worker_name=name)) as prof:
-        for _ in range(steps + 2):
-            step()
-            synchronize(device)
-            prof.step()
-    traces = sorted(folder.glob("*.pt.trace.json"), key=lambda p: p.stat().st_mtime)
+    traces = sorted(Path(trace_folder).glob("*.pt.trace.json"), key=lambda p: p.stat().st_mtime) if trace_folder else []
+    steps = steps or sum(1 for e in prof.events() if e.name.startswith("ProfilerStep")) or 1
     return OpProfile(op_costs(prof.key_averages(), is_gpu(device), top), traces[-1] if traces else None, device, steps)
 
 
