@@ -26,7 +26,7 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "helpers.training": ["autocast_ops", "loss_scaling", "number_formats",
                          "tensor_core_alignment", "amp_comparison", "step_memory",
                          "padding_strategies", "storage_formats", "synthetic_images",
-                         "synthetic_sequences", "anomaly_demo", "cprofile", "py_spy", "op_table",
+                         "synthetic_sequences", "cprofile", "py_spy", "op_table",
                          "diagnose", "profile_patterns", "eager_vs_compiled"],
     "helpers.distributed": ["accumulation_memory", "checkpointing_memory", "precision_memory", "offload_memory",
                             "zero_check", "zero_memory", "pipeline_experiment", "pipeline_schedule",

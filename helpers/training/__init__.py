@@ -11,7 +11,7 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     ".data_pipelines": ["padding_strategies", "storage_formats",
                         "synthetic_images"],
     ".sequences": ["PAD", "pad_to", "padding_share", "synthetic_sequences"],
-    ".profiling": ["anomaly_demo", "cprofile", "op_table", "py_spy"],
+    ".profiling": ["cprofile", "op_table", "py_spy"],
     ".patterns": ["diagnose", "metrics_from_profiler", "profile_patterns"],
     ".compiling": ["eager_vs_compiled"],
     ".workloads": ["make_compute_bound", "make_input_pipeline", "make_sync_bound", "tiny_mlp"],
