@@ -5,10 +5,24 @@ import dataclasses
 
 import pytest
 import torch
+from torch.profiler import ProfilerActivity, profile, schedule
 
 from helpers.training import patterns, workloads
 
 CPU = torch.device("cpu")
+
+
+def profile_steps(step, steps):
+    """The profiling loop the helpers take (Lecture 5b writes its own): one step skipped, one warm-up, then ``steps``."""
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=steps)) as prof:
+        for _ in range(steps + 2):
+            step()
+            prof.step()
+    return prof
+
+
+def measure(step, steps=2):
+    return patterns.metrics_from_profiler(profile_steps(step, steps), CPU)
 
 
 @pytest.fixture(scope="module")
@@ -24,16 +38,16 @@ def one_thread():
                                   lambda: workloads.make_sync_bound(CPU, length=6)], ids=["compute", "launch", "sync"])
 def test_each_program_is_diagnosed_as_the_pattern_it_reproduces(make, one_thread):
     program = make()
-    metrics = patterns.measure_profile(program.step, steps=2, device=CPU)
+    metrics = measure(program.step)
     verdict, evidence = patterns.diagnose(metrics)
     assert verdict == program.expected, evidence
 
 
 def test_profile_metrics_count_ops_and_host_reads():
-    metrics = patterns.measure_profile(workloads.make_sync_bound(CPU, length=6).step, steps=2, device=CPU)
+    metrics = measure(workloads.make_sync_bound(CPU, length=6).step)
     assert metrics.syncs_per_step == 6  # one .item() per generated token
     assert metrics.device_busy is None and 0 < metrics.op_share <= 1 and 0 <= metrics.sync_stall_share < 1
-    four, eight = (patterns.measure_profile(workloads.make_launch_bound(CPU, samples=n).step, steps=2, device=CPU) for n in (4, 8))
+    four, eight = (measure(workloads.make_launch_bound(CPU, samples=n).step) for n in (4, 8))
     per_sample = (eight.ops_per_step - four.ops_per_step) / 4
     assert four.syncs_per_step == 0 and per_sample >= 6 * 3  # six layers of linear, layer norm and GELU per sample
     assert four.ops_per_step == pytest.approx(4 * per_sample, abs=2)  # ops grow with the samples, one call each
@@ -52,8 +66,15 @@ def test_gpu_side_of_the_diagnosis_reads_how_busy_the_gpu_was():
 
 
 def test_profile_patterns_report_all_three(one_thread):
-    report = patterns.profile_patterns("cpu", steps=1, min_run_time=0.01, compute_n=128, launch_samples=8, decode_length=4)
+    report = patterns.profile_patterns(profile_steps, "cpu", steps=1, min_run_time=0.01, compute_n=128, launch_samples=8, decode_length=4)
     assert [r.expected for r in report.rows] == ["compute bound", "launch bound", "synchronisation bound"]
     assert all(r.speedup == pytest.approx(r.step_seconds / r.fixed_seconds) for r in report.rows)
     assert report.find(expected="launch bound").verdict == "launch bound"
     assert len(report.plot().collections) == 3  # one point per program
+
+
+def test_a_profile_without_steps_is_refused_with_what_to_do():
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        torch.ones(3).sum()
+    with pytest.raises(ValueError, match="call prof.step"):
+        patterns.metrics_from_profiler(prof, CPU)

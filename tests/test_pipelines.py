@@ -1,14 +1,13 @@
-"""helpers.training.data_pipelines: image storage formats, padding, the length-bucketing sampler."""
+"""helpers.training.data_pipelines: image storage formats, and padding strategies measured on the loaders they are given."""
 from __future__ import annotations
-
-import random
 
 import numpy as np
 import pytest
 import torch
+from torch.utils.data import DataLoader, TensorDataset
 
 from helpers.training import data_pipelines as pipelines
-from helpers.training.sequences import PAD, synthetic_sequences
+from helpers.training.sequences import pad_to, synthetic_sequences
 
 
 def test_synthetic_images_are_deterministic_uint8_rgb():
@@ -34,56 +33,20 @@ def test_storage_formats_write_every_format_and_read_back_the_same_pixels(tmp_pa
     assert len(report.plot().patches) == 8
 
 
-def test_pad_batch_pads_to_the_longest_or_to_a_given_length():
-    batch = [(torch.tensor([5, 6, 7]), torch.tensor(1)), (torch.tensor([8]), torch.tensor(0))]
-    tokens, labels = pipelines.pad_batch(batch)
-    assert tokens.tolist() == [[5, 6, 7], [8, 0, 0]] and labels.tolist() == [1, 0]
-    assert pipelines.pad_batch(batch, length=5)[0].shape == (2, 5)
-    assert (tokens == PAD).float().mean().item() == pytest.approx(2 / 6)
-    with pytest.raises(ValueError, match="length 3"):
-        pipelines.pad_batch(batch, length=2)
+def _collate(samples):
+    """The test's own padding collate (Lecture 5a writes the lesson's version in its cells)."""
+    sequences, labels = zip(*samples)
+    return pad_to(sequences, max(len(t) for t in sequences)), torch.stack(labels)
 
 
-@pytest.mark.parametrize("size, batch, pool", [(100, 8, 3), (64, 8, 2), (7, 3, 50), (1, 4, 1)])
-def test_bucket_sampler_yields_every_index_exactly_once_per_epoch(size, batch, pool):
-    lengths = [random.Random(i).randint(1, 50) for i in range(size)]
-    sampler = pipelines.BucketBatchSampler(lengths, batch, pool_batches=pool)
-    for epoch in range(3):
-        sampler.set_epoch(epoch)
-        batches = list(sampler)
-        assert sorted(i for b in batches for i in b) == list(range(size))
-        assert len(batches) == len(sampler) and all(1 <= len(b) <= batch for b in batches)
-
-
-def test_bucket_sampler_drop_last_keeps_only_full_batches():
-    sampler = pipelines.BucketBatchSampler(list(range(1, 23)), 4, pool_batches=2, drop_last=True)
-    batches = list(sampler)
-    assert all(len(b) == 4 for b in batches) and len(batches) == len(sampler)
-    assert len({i for b in batches for i in b}) == len(batches) * 4
-
-
-def test_bucket_sampler_shuffles_differently_each_epoch_and_rejects_bad_sizes():
-    sampler = pipelines.BucketBatchSampler(list(range(100)), 10)
-    first = list(sampler)
-    sampler.set_epoch(1)
-    assert list(sampler) != first
-    with pytest.raises(ValueError, match="batch_size"):
-        pipelines.BucketBatchSampler([1, 2], 0)
-
-
-def test_bucketing_cuts_padding_compared_with_random_batches():
-    loaders = pipelines.padding_loaders(synthetic_sequences(1024), batch_size=32)
-
-    def share(loader):
-        padded = real = 0
-        for tokens, _ in loader:
-            padded += tokens.numel()
-            real += int((tokens != PAD).sum())
-        return 1 - real / padded
-
-    whole, per_batch, bucketed = (share(loader) for loader in loaders.values())
-    assert whole > per_batch > bucketed
-    assert bucketed < 0.2 < whole
+def _loaders(data, batch_size):
+    """Whole data set padded, random batches padded each, and batches cut from the data sorted by length."""
+    by_length = sorted(range(len(data)), key=lambda i: len(data.tokens[i]))
+    sorted_batches = [by_length[i:i + batch_size] for i in range(0, len(data), batch_size)]
+    whole = TensorDataset(*_collate([data[i] for i in range(len(data))]))
+    return {"pad the whole data set": DataLoader(whole, batch_size=batch_size),
+            "pad each batch": DataLoader(data, batch_size=batch_size, shuffle=True, collate_fn=_collate),
+            "sort by length, pad each batch": DataLoader(data, batch_sampler=sorted_batches, collate_fn=_collate)}
 
 
 def test_sequence_classifier_ignores_padding():
@@ -95,11 +58,12 @@ def test_sequence_classifier_ignores_padding():
         assert torch.allclose(model(short), model(padded), atol=1e-5)
 
 
-def test_padding_strategies_compute_fewer_positions_with_bucketing():
+def test_padding_strategies_measure_the_loaders_they_are_given():
     data = synthetic_sequences(32, median_length=10, max_length=40)
     lengths = data.lengths.tolist()
-    report = pipelines.padding_strategies(data, batch_size=8, model_factory=lambda: pipelines.SequenceClassifier(dim=16, heads=2))
+    report = pipelines.padding_strategies(_loaders(data, 8), data.vocab, model_factory=lambda: pipelines.SequenceClassifier(dim=16, heads=2))
     whole, per_batch, bucketed = report.rows
+    assert [r.strategy for r in report.rows] == list(_loaders(data, 8))
     assert whole.tokens == len(lengths) * max(lengths)
     assert whole.tokens > per_batch.tokens > bucketed.tokens >= sum(lengths)
     assert report.real_tokens == sum(lengths)
@@ -110,3 +74,5 @@ def test_padding_strategies_compute_fewer_positions_with_bucketing():
     for speedup, words in ((3.0, "3.0x faster"), (1.0, "at the same speed (1.00x)"), (0.5, "2.0x slower")):
         bucketed.speedup = speedup  # the sentence follows the measured speed-up, whatever the machine measured
         assert share in report.bucketing_sentence() and words in report.bucketing_sentence()
+    with pytest.raises(ValueError, match="at least one loader"):
+        pipelines.padding_strategies({}, data.vocab)

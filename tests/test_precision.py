@@ -89,19 +89,14 @@ def test_loss_scaling_rescues_underflow_and_overflows_when_too_large():
     assert sum(bar.get_height() for bar in ax.patches) == int((report.reference != 0).sum())  # every nonzero gradient binned
 
 
-def test_dynamic_scaling_halves_on_overflow_and_grows_after_clean_steps():
-    interval = 5
-    report = precision.dynamic_loss_scaling("cpu", steps=20, init_scale=2.0**40, growth_interval=interval)
-    scales, skipped = report.scales, report.skipped
-    assert skipped[0] and scales[1] == scales[0] / 2  # 2^40 overflows fp16: skip, halve
-    for step in range(len(scales) - 1):
-        if skipped[step]:
-            assert scales[step + 1] == scales[step] / 2
-    clean_run = 0
-    for step in range(len(scales) - 1):
-        clean_run = 0 if skipped[step] else clean_run + 1
-        if clean_run == interval:
-            assert scales[step + 1] == 2 * scales[step]
-            clean_run = 0
-    assert sum(p.last_step - p.first_step + 1 for p in report.rows) == 20
-    assert sum(p.skipped_steps for p in report.rows) == sum(skipped)
+def test_scale_history_groups_steps_into_phases_at_one_scale():
+    scales = [2.0**40, 2.0**39, 2.0**38, 2.0**38, 2.0**38, 2.0**39, 2.0**39]
+    skipped = [True, True, False, False, False, False, False]
+    report = precision.scale_history(scales, skipped, growth_interval=3)
+    assert [(p.first_step, p.last_step, p.scale, p.skipped_steps) for p in report.rows] == [
+        (0, 0, 2.0**40, 1), (1, 1, 2.0**39, 1), (2, 4, 2.0**38, 0), (5, 6, 2.0**39, 0)]
+    assert "2 of 7 steps skipped" in str(report)
+    ax = report.plot()
+    assert list(ax.get_lines()[0].get_ydata()) == scales
+    with pytest.raises(ValueError, match="one scale and one skipped flag per step"):
+        precision.scale_history([1.0], [True, False], growth_interval=3)

@@ -5,17 +5,17 @@ Public face of ``helpers.training``; names load on first use.
 from helpers.core.lazy import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
-    ".precision": ["TENSOR_CORE_MULTIPLES", "autocast_ops", "dynamic_loss_scaling", "loss_scaling",
-                   "number_formats", "tensor_core_alignment"],
+    ".precision": ["TENSOR_CORE_MULTIPLES", "almost_fitted_regression", "autocast_ops", "loss_scaling",
+                   "number_formats", "scale_history", "tensor_core_alignment"],
     ".amp": ["amp_comparison", "compute_bound_width", "step_memory"],
-    ".data_pipelines": ["BucketBatchSampler", "pad_batch", "padding_strategies", "storage_formats",
+    ".data_pipelines": ["padding_strategies", "storage_formats",
                         "synthetic_images"],
     ".sequences": ["PAD", "pad_to", "padding_share", "synthetic_sequences"],
-    ".profiling": ["anomaly_demo", "cprofile", "py_spy", "torch_profile"],
-    ".patterns": ["diagnose", "profile_patterns"],
+    ".profiling": ["cprofile", "op_table", "py_spy"],
+    ".patterns": ["diagnose", "metrics_from_profiler", "profile_patterns"],
     ".compiling": ["eager_vs_compiled"],
     ".workloads": ["make_compute_bound", "make_input_pipeline", "make_sync_bound", "tiny_mlp"],
     ".syncs": ["count_host_syncs"],
-    ".launch_overhead": ["OpChain", "capture_cuda_graph", "measure_launch_overhead"],
+    ".launch_overhead": ["measure_launch_overhead"],
     ".kernel_table": ["classify_kernel", "cnn_training_step", "kernels_by_class"],
 })

@@ -85,6 +85,8 @@ def eager_vs_compiled(
     mode: str | None = None,
     min_run_time: float = 0.3,
     threads: int | None = None,
+    compiled: Callable | None = None,
+    first_call_seconds: float | None = None,
 ) -> CompiledComparison:
     """Time ``fn(*args)`` eagerly and compiled, under torch.no_grad() (inference).
 
@@ -93,16 +95,23 @@ def eager_vs_compiled(
     helpers.timeit. If torch.compile fails, TorchScript is measured instead and
     the reason is reported. ``threads`` runs everything on that many CPU threads:
     for tiny tensors one is right (eager PyTorch would not split them anyway,
-    while compiled loops may, and then wait on a busy core).
+    while compiled loops may, and then wait on a busy core). ``compiled``: a function
+    the caller compiled already (``torch.compile(fn)``), whose first call took
+    ``first_call_seconds``; it is measured instead of compiling again.
     """
+    if compiled is not None and first_call_seconds is None:
+        raise ValueError("eager_vs_compiled: with compiled=..., give first_call_seconds (the time of its first, compiling call)")
     device = pick_device(device)
     with torch.no_grad(), cpu_threads(threads if device.type == "cpu" else None):
         eager_first, reference = _first_call(fn, args, device)
         eager_steady = timeit(fn, *args, device=device, min_run_time=min_run_time).median
-        start = time.perf_counter()
-        compiled, output, label, reason = compile_or_script(fn, args, backend, mode)
-        synchronize(device)
-        compiled_first = time.perf_counter() - start
+        if compiled is None:
+            start = time.perf_counter()
+            compiled, output, label, reason = compile_or_script(fn, args, backend, mode)
+            synchronize(device)
+            compiled_first = time.perf_counter() - start
+        else:
+            output, label, reason, compiled_first = compiled(*args), "torch.compile", None, first_call_seconds
         compiled_steady = timeit(compiled, *args, device=device, min_run_time=min_run_time).median
     saving = eager_steady - compiled_steady
     compile_seconds = max(compiled_first - compiled_steady, 0.0)

@@ -25,23 +25,6 @@ REDUCE_OVERHEAD = "torch.compile (reduce-overhead)"
 GRAPH_NEEDS_GPU = "needs a GPU: CUDA graphs record and replay GPU kernels"
 
 
-class OpChain(nn.Module):
-    """``length`` tiny element-wise ops in a row (multiply, add, tanh in turn): in eager mode each is one dispatch
-    through PyTorch and one kernel, so on a small tensor the step is all overhead."""
-
-    def __init__(self, length: int = 64):
-        super().__init__()
-        if not isinstance(length, int) or length < 1:
-            raise ValueError(f"OpChain: length={length!r}; give the number of ops as a positive int (e.g. 64).")
-        self.length = length
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for i in range(self.length):
-            kind = i % 3
-            x = x * 1.01 if kind == 0 else (x + 0.01 if kind == 1 else torch.tanh(x))
-        return x
-
-
 @dataclass
 class LaunchVariant:
     variant: str = column("variant")
@@ -122,15 +105,20 @@ def _compile(chain: nn.Module, x: torch.Tensor, mode: str | None, device: torch.
 
 
 def measure_launch_overhead(
-    length: int = 64,
+    chain: Callable[[torch.Tensor], torch.Tensor],
+    length: int,
     elements: int = 256,
     device: str | torch.device | None = None,
     min_run_time: float = 0.2,
     compile: bool = True,
     compile_budget_s: float = 120.0,
     large_elements: int | None = None,
+    capture: Callable = capture_cuda_graph,
 ) -> LaunchOverhead:
-    """Time ``OpChain(length)`` on ``elements`` values: eagerly, as a CUDA graph and compiled, under no_grad.
+    """Time ``chain``, ``length`` tiny ops on ``elements`` values: eagerly, as a CUDA graph and compiled, under no_grad.
+
+    ``capture(chain, example)`` returns a function that replays a CUDA graph of the chain
+    (copying its argument into the graph's static input); it is timed as the set-up.
 
     The arithmetic row times the same chain on ``large_elements`` values (None:
     2**20 on a CPU, 2**26 on a GPU, whose ops on a few MiB would still be as
@@ -146,7 +134,9 @@ def measure_launch_overhead(
     if not isinstance(elements, int) or elements < 1 or not isinstance(large_elements, int) or large_elements < elements:
         raise ValueError(f"measure_launch_overhead: elements={elements!r}, large_elements={large_elements!r}; give positive ints "
                          f"with large_elements >= elements (the large run estimates the arithmetic).")
-    chain = OpChain(length).to(device)
+    if not callable(chain) or not isinstance(length, int) or length < 1:
+        raise ValueError(f"measure_launch_overhead: give the chain (a function of one tensor) and its number of ops "
+                         f"as a positive int (got {type(chain).__name__}, length={length!r}).")
     x = torch.randn(elements, device=device)
     notice = gpu_notice("CUDA graph capture and mode='reduce-overhead'", device, echo=False)
     notes = [f"{length} element-wise ops per call on {elements:,} float32 values, on {device}"
@@ -162,8 +152,11 @@ def measure_launch_overhead(
         rows.append(LaunchVariant(ARITHMETIC, arithmetic, arithmetic / length, eager / arithmetic, None, None,
                                   f"the chain on {large_elements:,} values, scaled down to {elements:,}"))
         if is_gpu(device):
-            graph = capture_cuda_graph(chain, x)
-            rows.append(_measured(GRAPH, graph, x, reference, eager, length, graph.capture_seconds,
+            synchronize(device)
+            start = time.perf_counter()
+            graph = capture(chain, x)
+            synchronize(device)
+            rows.append(_measured(GRAPH, graph, x, reference, eager, length, time.perf_counter() - start,
                                   f"one graph launch for {length} kernels, input copied into its static buffer",
                                   device, min_run_time, graph(x).clone()))
         else:

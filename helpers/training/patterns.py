@@ -4,19 +4,16 @@ torch.profiler run, a diagnosis that reads them, and the programs of helpers.tra
 from __future__ import annotations
 
 import bisect
-import time
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 from torch.autograd import DeviceType
-from torch.profiler import profile
 
 from helpers.core import plots
-from helpers.core.device import gpu_notice, is_gpu, pick_device, synchronize
+from helpers.core.device import gpu_notice, is_gpu, pick_device
 from helpers.core.report import Report, column, format_seconds
 from helpers.core.timing import timeit
-from helpers.training.profiling import profiler_activities  # importing helpers.training.profiling also quietens Kineto's banners
 from helpers.training.workloads import Program, make_compute_bound, make_launch_bound, make_sync_bound
 
 SYNC_OPS = {"aten::item", "aten::_local_scalar_dense", "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy"}
@@ -90,18 +87,20 @@ def metrics_from_profile(events, wall_seconds: float, steps: int, device: torch.
     )
 
 
-def measure_profile(step: Callable[[], object], steps: int = 5, device: str | torch.device | None = None) -> ProfileMetrics:
-    """Profile ``steps`` calls of ``step`` (after a warm-up call) and derive the figures the diagnosis reads."""
+def metrics_from_profiler(prof, device: str | torch.device | None = None) -> ProfileMetrics:
+    """The figures of a finished torch.profiler run whose loop called ``prof.step()`` once per step.
+
+    The steps are the profiler's own ``ProfilerStep`` ranges (those recorded by the
+    schedule), and their summed length is the wall time: the profiling loop is the
+    caller's (Lecture 5b writes it).
+    """
     device = pick_device(device)
-    step()
-    synchronize(device)
-    with profile(activities=profiler_activities(device)) as prof:
-        start = time.perf_counter()
-        for _ in range(steps):
-            step()
-        synchronize(device)
-        wall = time.perf_counter() - start
-    return metrics_from_profile(prof.events(), wall, steps, device)
+    events = prof.events()
+    spans = [e for e in events if e.name.startswith("ProfilerStep") and e.device_type == DeviceType.CPU]
+    if not spans:
+        raise ValueError("metrics_from_profiler: no ProfilerStep ranges in this profile; call prof.step() after every step")
+    wall = sum(e.time_range.elapsed_us() for e in spans) / 1e6
+    return metrics_from_profile(events, wall, len(spans), device)
 
 
 def diagnose(m: ProfileMetrics) -> tuple[str, str]:
@@ -168,9 +167,10 @@ class ProfilePatterns(Report):
         return ax
 
 
-def diagnose_program(program: Program, device: torch.device, steps: int = 5, min_run_time: float = 0.2) -> PatternDiagnosis:
-    """Profile a program, diagnose it, and time it and its fix with helpers.timeit."""
-    metrics = measure_profile(program.step, steps, device)
+def diagnose_program(program: Program, profile_steps: Callable, device: torch.device, steps: int = 5,
+                     min_run_time: float = 0.2) -> PatternDiagnosis:
+    """Profile a program with ``profile_steps(step, steps)``, diagnose it, and time it and its fix with helpers.timeit."""
+    metrics = metrics_from_profiler(profile_steps(program.step, steps), device)
     verdict, evidence = diagnose(metrics)
     slow = timeit(program.step, device=device, min_run_time=min_run_time).median
     fast = timeit(program.fixed, device=device, min_run_time=min_run_time).median
@@ -178,6 +178,7 @@ def diagnose_program(program: Program, device: torch.device, steps: int = 5, min
 
 
 def profile_patterns(
+    profile_steps: Callable,
     device: str | torch.device | None = None,
     steps: int = 5,
     min_run_time: float = 0.2,
@@ -187,6 +188,8 @@ def profile_patterns(
 ) -> ProfilePatterns:
     """Reproduce, profile, diagnose and fix the three patterns on ``device`` (the GPU version when there is one).
 
+    ``profile_steps(step, steps)`` is the profiling loop: it calls ``step`` under
+    torch.profiler, ``prof.step()`` after each call, and returns the profiler.
     ``compute_n`` is the matmul size of the compute-bound program, ``launch_samples``
     the number of one-sample calls of the launch-bound one, ``decode_length`` the
     tokens per step of the synchronisation-bound one.
@@ -194,4 +197,4 @@ def profile_patterns(
     device = pick_device(device)
     notice = gpu_notice("the GPU view of the patterns (kernel time, host-device stalls)", device)
     programs = [make_compute_bound(device, compute_n), make_launch_bound(device, launch_samples), make_sync_bound(device, length=decode_length)]
-    return ProfilePatterns([diagnose_program(p, device, steps, min_run_time) for p in programs], notice=notice)
+    return ProfilePatterns([diagnose_program(p, profile_steps, device, steps, min_run_time) for p in programs], notice=notice)

@@ -303,9 +303,9 @@ class ScalePhase:
 
 
 class DynamicScaling(Report):
-    """GradScaler's loss scale over a short training run: halved on overflow, doubled after a run of clean steps."""
+    """The loss scale over a short training run: halved on overflow, doubled after a run of clean steps."""
 
-    title = "Dynamic loss scaling (torch.amp.GradScaler)"
+    title = "Dynamic loss scaling"
 
     def __init__(self, rows, scales: list[float], skipped: list[bool], losses: list[float], growth_interval: int):
         super().__init__(rows, [f"{sum(skipped)} of {len(skipped)} steps skipped for overflow; growth interval {growth_interval} steps"])
@@ -322,39 +322,16 @@ class DynamicScaling(Report):
         return ax
 
 
-def dynamic_loss_scaling(
-    device: str | torch.device | None = None,
-    steps: int = 200,
-    init_scale: float = 2.0**40,
-    growth_interval: int = 20,
-    residual: float = 0.1,
-    loss_weight: float = 2**-10,
-    width: int = 64,
-    batch: int = 128,
-) -> DynamicScaling:
-    """Train the almost-fitted regression in fp16 with torch.amp.GradScaler and record the scale at every step.
+def scale_history(scales: Sequence[float], skipped: Sequence[bool], growth_interval: int, losses: Sequence[float] = ()) -> DynamicScaling:
+    """Tabulate a dynamic loss-scaling run: the scale used at every step and whether that step was skipped.
 
-    A step whose gradients hold an inf or nan is skipped and the scale halved;
-    after ``growth_interval`` clean steps in a row the scale doubles again.
+    The run itself is the caller's (Lecture 5a writes the loop); this groups its
+    steps into phases at one scale and plots the scale over the steps.
     """
-    device = pick_device(device)
-    model, x, y = almost_fitted_regression(device, residual, width, batch)
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
-    scaler = torch.amp.GradScaler(device.type, init_scale=init_scale, growth_interval=growth_interval)
-    scales, skipped, losses = [], [], []
-    for _ in range(steps):
-        optimizer.zero_grad(set_to_none=True)
-        with torch.autocast(device.type, dtype=torch.float16):
-            out = model(x)
-        loss = loss_weight * nn.functional.mse_loss(out.float(), y)
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        before = scaler.get_scale()
-        scaler.update()
-        scales.append(before)
-        skipped.append(scaler.get_scale() < before)
-        losses.append(loss.item())
-    return DynamicScaling(_phases(scales, skipped), scales, skipped, losses, growth_interval)
+    scales, skipped = [float(s) for s in scales], [bool(s) for s in skipped]
+    if len(scales) != len(skipped) or not scales:
+        raise ValueError(f"scale_history: give one scale and one skipped flag per step (got {len(scales)} and {len(skipped)})")
+    return DynamicScaling(_phases(scales, skipped), scales, skipped, list(losses), growth_interval)
 
 
 def _phases(scales: list[float], skipped: list[bool]) -> list[ScalePhase]:

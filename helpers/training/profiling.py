@@ -1,19 +1,15 @@
 """Profilers, used and read: cProfile and py-spy for Python, torch.profiler for PyTorch ops (with a trace for
-Perfetto or TensorBoard), and autograd anomaly detection for NaNs. (Reading a profile's pattern: helpers.training.patterns.)
+Perfetto or TensorBoard) tabulated from the caller's profiling loop. (Reading a profile's pattern: helpers.training.patterns.)
 """
 from __future__ import annotations
 
 import cProfile
-import math
 import os
 import pstats
-import re
 import shutil
 import subprocess
 import sys
-import sysconfig
 import time
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -23,11 +19,10 @@ from typing import Callable, Sequence
 os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 
 import torch  # noqa: E402
-from torch import nn  # noqa: E402
 from torch.autograd import DeviceType  # noqa: E402
-from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler  # noqa: E402
+from torch.profiler import ProfilerActivity  # noqa: E402
 
-from helpers.core.device import is_gpu, pick_device, synchronize  # noqa: E402
+from helpers.core.device import is_gpu, pick_device  # noqa: E402
 from helpers.core.paths import build_dir, kit_root  # noqa: E402
 from helpers.core.report import Report, column, format_seconds  # noqa: E402
 
@@ -231,22 +226,16 @@ class OpProfile(Report):
         self.trace, self.device, self.steps = trace, device, steps
 
 
-def torch_profile(step: Callable[[], object], steps: int = 5, device: str | torch.device | None = None, name: str = "step", top: int = 10) -> OpProfile:
-    """Profile ``steps`` calls of ``step`` (after one skipped and one warm-up call) and export a trace under build/profiles/.
+def op_table(prof, device: str | torch.device | None = None, steps: int | None = None, trace_folder: str | Path | None = None,
+             top: int = 10) -> OpProfile:
+    """The ops of a finished ``torch.profiler.profile`` run ranked by self time, and the newest trace under ``trace_folder``.
 
-    The schedule and the trace handler are torch.profiler's own: the trace is a
-    Chrome-trace JSON file that Perfetto and TensorBoard both read.
+    The profiling loop is the caller's (Lecture 5b writes it, with a schedule and
+    ``record_function``); this tabulates what it recorded.
     """
     device = pick_device(device)
-    folder = build_dir("profiles", name)
-    for old in folder.glob("*.pt.trace.json"):
-        old.unlink()
-    with profile(activities=profiler_activities(device), schedule=schedule(wait=1, warmup=1, active=steps), on_trace_ready=tensorboard_trace_handler(str(folder), worker_name=name)) as prof:
-        for _ in range(steps + 2):
-            step()
-            synchronize(device)
-            prof.step()
-    traces = sorted(folder.glob("*.pt.trace.json"), key=lambda p: p.stat().st_mtime)
+    traces = sorted(Path(trace_folder).glob("*.pt.trace.json"), key=lambda p: p.stat().st_mtime) if trace_folder else []
+    steps = steps or sum(1 for e in prof.events() if e.name.startswith("ProfilerStep")) or 1
     return OpProfile(op_costs(prof.key_averages(), is_gpu(device), top), traces[-1] if traces else None, device, steps)
 
 
@@ -274,98 +263,3 @@ def op_costs(averages, on_gpu: bool, top: int = 10) -> list[OpCost]:
         self_time, total_time = (lambda a: a.self_cpu_time_total), (lambda a: a.cpu_time_total)
     ranked = sorted(ops, key=self_time, reverse=True)[:top]
     return [OpCost(a.key, a.count, self_time(a) / 1e6, total_time(a) / 1e6, self_time(a) / (whole or 1.0)) for a in ranked]
-
-
-# ---------------------------------------------------------------- anomaly detection
-
-
-class RowNormalize(nn.Module):
-    """Scale each row to unit length. A row of zeros gives 0 forward but 0/0 = NaN in backward (sqrt'(0) is infinite)."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        length = x.pow(2).sum(-1, keepdim=True).sqrt()
-        return x / (length + 1e-6)
-
-
-@dataclass
-class AnomalyRun:
-    mode: str = column("mode")
-    loss: float = column("loss", ".4g")
-    nan_gradients: str = column("parameters with NaN gradients")
-    outcome: str = column("outcome")
-
-
-class AnomalyReport(Report):
-    """A NaN born in backward: silent without anomaly mode, caught with its forward trace with it."""
-
-    title = "A NaN gradient, without and with torch.autograd.detect_anomaly()"
-
-    def __init__(self, rows, error: str, forward_trace: list[str]):
-        super().__init__(rows)
-        self.error, self.forward_trace = error, forward_trace
-
-    def table(self) -> str:
-        trace = "\n".join(self.forward_trace) or "(no trace)"
-        return f"{super().table()}\n\nanomaly mode's error: {self.error}\nforward call that produced it (frames outside torch):\n{trace}"
-
-
-def _forward_trace(message: str) -> list[str]:
-    """The frames of anomaly mode's 'Traceback of forward call' in the user's code: not torch, the standard
-    library, installed packages (a Jupyter kernel's own frames) or frozen modules."""
-    library = tuple(str(Path(p).resolve()) for p in {sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib")})
-    lines = message.splitlines()
-    frames = []
-    for i, line in enumerate(lines):
-        match = re.match(r'\s*File "([^"]+)", line \d+', line)
-        if not match:
-            continue
-        path = match.group(1)
-        if path.startswith("<frozen") or "/torch/" in path or str(Path(path).resolve()).startswith(library):
-            continue
-        code = lines[i + 1].strip() if i + 1 < len(lines) and not lines[i + 1].strip().startswith("File") else ""
-        frames.append(f"{line.strip()}\n    {code}")
-    return frames
-
-
-def anomaly_demo(seed: int = 0) -> AnomalyReport:
-    """Train one step on a batch holding an all-zero row (a padding row), then re-run its backward in anomaly mode.
-
-    Plain autograd returns NaN gradients without a word, and the optimizer step
-    then turns every weight it touches into NaN. detect_anomaly() stops at the
-    backward function that produced the first NaN and shows the forward line
-    that created it.
-    """
-    torch.manual_seed(seed)
-    model = nn.Sequential(nn.Linear(8, 8, bias=False), RowNormalize(), nn.Linear(8, 2))
-    x = torch.randn(4, 8)
-    x[-1] = 0  # a padding row
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-
-    def nan_parameters() -> str:
-        names = [n for n, p in model.named_parameters() if p.grad is not None and p.grad.isnan().any()]
-        return ", ".join(names) or "none"
-
-    loss = model(x).square().mean()
-    loss.backward()
-    plain = AnomalyRun("plain backward", loss.item(), nan_parameters(), "no error")
-    optimizer.step()
-    after = model(torch.randn(4, 8)).square().mean().item()
-    stepped = AnomalyRun("after optimizer.step()", after, "-", "weights are NaN now" if math.isnan(after) else "weights finite")
-    with torch.no_grad():  # undo the damage: fresh weights, same seed
-        torch.manual_seed(seed)
-        model.load_state_dict(nn.Sequential(nn.Linear(8, 8, bias=False), RowNormalize(), nn.Linear(8, 2)).state_dict())
-    model.zero_grad(set_to_none=True)
-    error, trace = "", []
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            with torch.autograd.detect_anomaly():
-                loss = model(x).square().mean()
-                loss.backward()
-        except RuntimeError as err:
-            error = str(err)
-    for warning in caught:
-        if "Traceback of forward call" in str(warning.message):
-            trace = _forward_trace(str(warning.message))
-    caught_row = AnomalyRun("detect_anomaly()", loss.item(), nan_parameters(), "RuntimeError raised in backward" if error else "no error")
-    return AnomalyReport([plain, stepped, caught_row], error, trace)

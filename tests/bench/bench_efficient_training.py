@@ -1,16 +1,18 @@
 """Lecture 5's figures: AMP memory by category, padding vs bucketing, storage formats, eager vs compiled."""
 from __future__ import annotations
 
+import random
 import tempfile
 
 import torch
 from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
 from helpers.core.device import gpu_available
 from helpers.training.amp import amp_comparison, compute_bound_width
 from helpers.training.compiling import eager_vs_compiled
 from helpers.training.data_pipelines import padding_strategies, storage_formats, synthetic_images
-from helpers.training.sequences import synthetic_sequences
+from helpers.training.sequences import pad_to, synthetic_sequences
 from helpers.training.workloads import tiny_mlp
 
 from . import BenchResult, Target, full_runs_only
@@ -21,17 +23,32 @@ def _timing_target(what: str, measured: float | None, minimum: float, quick: boo
     return full_runs_only([Target.at_least(what, measured, minimum, "x")], quick)[0]
 
 
+def _collate(samples):
+    sequences, labels = zip(*samples)
+    return pad_to(sequences, max(len(t) for t in sequences)), torch.stack(labels)
+
+
+def _padding_loaders(data, batch_size: int) -> dict[str, DataLoader]:
+    """The whole data set padded against batches of similar lengths (sorted, cut, shuffled), each padded to its longest."""
+    by_length = sorted(range(len(data)), key=lambda i: len(data.tokens[i]))
+    batches = [by_length[i:i + batch_size] for i in range(0, len(data), batch_size)]
+    random.Random(0).shuffle(batches)
+    return {"pad the whole data set": DataLoader(TensorDataset(*_collate([data[i] for i in range(len(data))])), batch_size=batch_size, shuffle=True),
+            "bucket by length, pad each batch": DataLoader(data, batch_sampler=batches, collate_fn=_collate)}
+
+
 def run(quick: bool) -> BenchResult:
     width, batch = (128, 1024) if quick else (256, 4096)  # narrow, deep, a large batch: activations dominate
     torch.manual_seed(0)
     mlp = nn.Sequential(*[layer for _ in range(4) for layer in (nn.Linear(width, width), nn.GELU())], nn.Linear(width, 10))
     amp = amp_comparison(mlp, torch.randn(batch, width), min_run_time=0.05 if quick else 0.5)
-    padding = padding_strategies(synthetic_sequences(128 if quick else 512, max_length=64 if quick else 256), rounds=1 if quick else 2)
+    sequences = synthetic_sequences(128 if quick else 512, max_length=64 if quick else 256)
+    padding = padding_strategies(_padding_loaders(sequences, 32), sequences.vocab, rounds=1 if quick else 2)
     with tempfile.TemporaryDirectory() as folder:
         storage = storage_formats(synthetic_images(16 if quick else 256, 64 if quick else 256), folder, min_run_time=0.02 if quick else 0.3)
     compiled = None if quick else eager_vs_compiled(tiny_mlp(), torch.randn(32, 32), program="narrow MLP (launch bound)", threads=1)
 
-    whole, bucketed = padding.find(strategy="pad the whole data set"), padding.find(strategy="bucket by length, pad each batch")
+    whole, bucketed = padding.rows[0], padding.rows[-1]
     targets = [
         Target.at_least("bytes per parameter, fp32 + Adam", amp.fp32.memory.bytes_per_parameter, 15.9),
         Target.at_most("bytes per parameter, fp32 + Adam", amp.fp32.memory.bytes_per_parameter, 16.1),

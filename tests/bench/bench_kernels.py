@@ -7,6 +7,8 @@ with the reason, and the CPU sides (cache-blocked loops, torch.compile, oneDNN's
 """
 from __future__ import annotations
 
+import torch
+
 from helpers.core.device import cpu_native_dtypes, is_gpu, pick_device
 from helpers.hardware.kernels import matmul_kernels, triton_available, triton_check
 from helpers.hardware.roofline import operator_roofline
@@ -16,6 +18,13 @@ from helpers.training.launch_overhead import ARITHMETIC, COMPILED, EAGER, GRAPH,
 from . import BenchResult, Target, full_runs_only
 
 COMPILE_SECONDS_MAX = 30  # a lecture waits for the compiler at most this long (issue 10's budget)
+
+
+def _op_chain(x):
+    """64 tiny element-wise ops in a row: multiply, add, tanh in turn (the chain Lecture 5b writes in a cell)."""
+    for i in range(64):
+        x = x * 1.01 if i % 3 == 0 else (x + 0.01 if i % 3 == 1 else torch.tanh(x))
+    return x
 
 
 def _speedup(what: str, row, minimum: float) -> Target:
@@ -97,7 +106,7 @@ def run(quick: bool) -> BenchResult:
     else:
         timings = matmul_kernels((256, 512) if quick else (256, 1024, 4096), "cpu", rows=128 if quick else 256,
                                  naive_up_to=256, min_run_time=0.05 if quick else 0.1, rounds=1 if quick else 3)
-    launch = measure_launch_overhead(device=device, min_run_time=0.05 if quick else 0.2, compile=not quick)
+    launch = measure_launch_overhead(_op_chain, 64, device=device, min_run_time=0.05 if quick else 0.2, compile=not quick)
     profiled, kernels = profile_targets(device)
     targets = [*full_runs_only(roofline_targets(roofline), quick),
                Target.at_least("Triton kernels that agree with torch.matmul", agreeing, 2) if triton_ok
