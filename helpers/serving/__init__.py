@@ -16,7 +16,7 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     ".compression": ["compression_table", "distilled", "pruned", "quantize_static_onnx"],
     ".lm": ["LMInfo", "decode_tokens", "encode_text", "holdout_loss", "language_model", "python_corpus", "split_corpus"],
     ".llm_engine": ["AsyncEngine", "Engine", "PagedKVCache", "decode_step", "prefill"],
-    ".speculative": ["SpeculativeRun", "resolve", "speculative", "target_only"],
+    ".speculative": ["SpeculativeRun", "resolve", "speculative_decode", "target_only"],
     ".llm_server": ["CompletionsSender", "create_llm_app", "start_llm_service"],
     ".open_loop": ["HttpSender", "OpenLoopReport", "closed_loop_test", "open_loop_test", "poisson_schedule"],
     ".load": ["LoadReport", "RequestBreakdown", "load_test", "read_metrics", "request_breakdown"],

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import codecs
 import json
+import signal
 import sys
 import time
 import uuid
@@ -218,8 +219,18 @@ def main(argv: list[str] | None = None) -> None:
     print(f"serving {MODEL_NAME} ({info.parameters:,} parameters, trained {info.steps} steps on {info.corpus}; held-out "
           f"perplexity {info.perplexity:.2f} per byte) on {info.trained_on} at http://{args.host}:{port}/v1 with "
           f"{args.scheduler} batching (up to {args.max_batch}); Ctrl-C stops it", flush=True)
-    uvicorn.run(create_llm_app(engine), host=args.host, port=port, log_level="warning", timeout_graceful_shutdown=5)
+    # uvicorn shuts down gracefully on SIGINT or SIGTERM, then raises the signal again to the handler it found:
+    # for SIGTERM that would be the default (die by the signal), so a handler here turns it into a clean exit.
+    signal.signal(signal.SIGTERM, _exit_cleanly)
+    try:
+        uvicorn.run(create_llm_app(engine), host=args.host, port=port, log_level="warning", timeout_graceful_shutdown=5)
+    except (KeyboardInterrupt, SystemExit):
+        pass
     print("server stopped", flush=True)
+
+
+def _exit_cleanly(signum, frame) -> None:
+    raise SystemExit(0)
 
 
 def start_llm_service(port: int | None = None, scheduler: str = "continuous", max_batch: int = 16,
