@@ -16,6 +16,7 @@
 #   make import          collect an LMS download into submitted/ (A=<id> ZIP=<file.zip>)
 #   make ddp-demo        data-parallel LeNet under torchrun on this machine (NPROC=2)
 #   make serve           serve the course's MNIST model on 127.0.0.1 until Ctrl-C (PORT=8000, WORKERS=1)
+#   make serve-llm       the course's language model behind an OpenAI-compatible API on 127.0.0.1 (PORT=8000, SCHEDULER=continuous|static)
 #   make mlflow-ui       MLflow's UI on the kit's tracking store (build/mlflow) on 127.0.0.1 (MLFLOW_PORT=5000)
 #
 # Knobs: DEVICE=cpu|cuda (lectures), B=<name> and QUICK=1 (bench), PYTEST_ARGS=... (test),
@@ -123,6 +124,12 @@ WORKERS ?= 1
 .PHONY: serve
 serve: setup
 	$(PY) -m helpers.serving.server --port $(PORT) --workers $(WORKERS)
+
+# The language model (trained on the standard library's sources, cached under build/) behind /v1/completions.
+SCHEDULER ?= continuous
+.PHONY: serve-llm
+serve-llm: setup
+	$(PY) -m helpers.serving.llm_server --port $(PORT) --scheduler $(SCHEDULER)
 
 # MLflow's UI over the store lecture 9 writes (build/mlflow/mlflow.db), on 127.0.0.1 until Ctrl-C.
 MLFLOW_PORT ?= 5000
