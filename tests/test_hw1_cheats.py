@@ -2,7 +2,7 @@
 
 One copy of the course holding HW1 alone is released and graded once (sandboxed, as `make autograde` does):
 
-- ``honest``: the reference solutions;
+- ``honest``: the reference solutions; ``untouched``: the released student version as it is;
 - ``c10d_bypass``: part 1's ring all-reduce as one call of ``torch.distributed.distributed_c10d.all_reduce``,
   a route to the collective that no ``dist.<name>`` patch sees;
 - ``root_predicts``: part 3's distributed prediction computed on the root for every input, with one dummy
@@ -64,11 +64,13 @@ def graded(tmp_path_factory):
     grading.release(course)
     honest = reference()
     submit(root, "honest", HW1, honest)
+    submit(root, "untouched", HW1, {p.name: assignments.read(p) for p in assignments.notebooks(root / "release" / HW1)})
     for student, (notebook, grade_id, source, _) in CHEATS.items():
         submit(root, student, HW1, {**honest, notebook: with_solution(honest[notebook], grade_id, source)})
     start = time.monotonic()
     report = grading.autograde(course, jobs=2)
     seconds = time.monotonic() - start
+    print(report)  # with -s: the seconds each submission took to grade
     return {"status": read_status(course), "report": report, "seconds": seconds}
 
 
@@ -84,6 +86,11 @@ def test_the_reference_scores_full_marks(graded):
     row = graded["status"][("honest", HW1)]
     assert row["status"] == "graded", row["reason"]
     assert float(row["score"]) == float(row["max_score"]) == 22.0, row
+
+
+def test_the_released_version_scores_nothing(graded):
+    row = graded["status"][("untouched", HW1)]
+    assert float(row["score"]) == 0.0 and float(row["max_score"]) == 22.0, row
 
 
 @pytest.mark.parametrize("student", sorted(CHEATS))

@@ -19,7 +19,7 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     ".tensor_parallel": ["copy_to_parallel", "gather_from_parallel", "reduce_from_parallel", "scatter_to_parallel",
                          "tensor_parallel_check"],
     ".zero": ["zero_check", "zero_memory"],
-    ".sharding": ["DigitRecords", "DigitStream", "dataset_styles", "sharding_check"],
+    ".sharding": ["dataset_styles", "sharding_check"],
     ".elastic": ["elastic_demo", "processes_of", "run_elastic", "torchrun_command"],
     "helpers.distributed": ["ddp_train", "elastic_train"],
 })
