@@ -24,6 +24,8 @@ from helpers.course.grading import Course, read_status
 
 from .grading_support import ROOT, copy_course, submit, with_solution
 
+pytestmark = pytest.mark.timeout(3600)  # the fixture grades four whole HW1 submissions (minutes each on a loaded machine)
+
 HW1 = "hw1_distributed"
 SOURCE = ROOT / "assignments" / "source" / HW1
 
