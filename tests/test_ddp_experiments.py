@@ -1,10 +1,17 @@
 """helpers.distributed.ddp on real gloo groups: DDP's buckets follow bucket_cap_mb, no_sync skips all-reduces, the scaling model is consistent."""
 from __future__ import annotations
 
+import contextlib
+import sys
+
+import cloudpickle
 import pytest
+from torch import nn
 
 from helpers.distributed.comm_models import Link
 from helpers.distributed.ddp import accumulation_demo, bucket_sweep, gradient_bytes, mlp, scaling
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the accumulation steps below run in the workers
 
 pytestmark = pytest.mark.slow
 
@@ -19,12 +26,27 @@ def test_bucket_cap_sets_the_number_of_buckets_and_small_buckets_start_early():
     assert all(r.step_seconds > 0 and r.compute_seconds > 0 and r.all_reduce_seconds > 0 for r in sweep.rows)
 
 
+def accumulate(model, micro_batches, no_sync):
+    model.zero_grad(set_to_none=False)
+    for i, (x, y) in enumerate(micro_batches):
+        with model.no_sync() if no_sync and i < len(micro_batches) - 1 else contextlib.nullcontext():
+            (nn.functional.mse_loss(model(x), y) / len(micro_batches)).backward()
+
+
+def forgets_the_scale(model, micro_batches, no_sync):
+    model.zero_grad(set_to_none=False)
+    for x, y in micro_batches:
+        nn.functional.mse_loss(model(x), y).backward()
+
+
 def test_no_sync_all_reduces_once_per_update_with_the_same_gradients():
-    demo = accumulation_demo(micro_batches=3, width=64, depth=2, batch=4, repeats=1)
+    demo = accumulation_demo(accumulate, micro_batches=3, width=64, depth=2, batch=4, repeats=1)
     every, once = demo.rows
     assert every.same_gradients and once.same_gradients
     assert every.all_reduces_per_update == 3 * once.all_reduces_per_update
     assert every.bytes_per_update == 3 * once.bytes_per_update == 3 * gradient_bytes(mlp(64, 2))
+    wrong = accumulation_demo(forgets_the_scale, micro_batches=3, width=64, depth=2, batch=4, repeats=1)
+    assert not any(r.same_gradients for r in wrong.rows)
 
 
 def test_scaling_measures_small_n_and_models_the_rest():

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from helpers.core.workers import launch
-from helpers.distributed.collectives import count_traffic, parameter_server_all_reduce, ring_all_reduce
+from helpers.distributed.collectives import count_traffic, point_to_point_only
 from helpers.distributed.comm_models import (
     SCHEMES,
     Link,
@@ -21,81 +21,97 @@ from helpers.distributed.comm_models import (
     fit_link,
     rounds,
 )
-from helpers.distributed.experiments import all_reduce_sweep, calibrate_link, collectives_demo, traffic_check
+from helpers.distributed.experiments import all_reduce_sweep, calibrate_link, traffic_check
 
 pytestmark = pytest.mark.slow
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
-def compare_with_torch(shapes):
-    rank = dist.get_rank()
-    out = []
-    for shape in shapes:
-        data = torch.randn(shape, generator=torch.Generator().manual_seed(100 * rank + len(out)))
-        expected = data.clone()
-        dist.all_reduce(expected)
-        ring = ring_all_reduce(data.clone())
-        average = ring_all_reduce(data.clone(), average=True)
-        server = parameter_server_all_reduce(data.clone())
-        out.append(torch.allclose(ring, expected, atol=1e-5) and torch.allclose(average, expected / dist.get_world_size(), atol=1e-5)
-                   and torch.allclose(server, expected, atol=1e-5))
-    return out
+def server_all_reduce(tensor):
+    """A parameter-server all-reduce from send/recv: rank 0 sums what everyone sends and sends the sum back."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    if rank == 0:
+        inbox = torch.empty_like(tensor)
+        for peer in range(1, world):
+            dist.recv(inbox, peer)
+            tensor += inbox
+        for request in [dist.isend(tensor, peer) for peer in range(1, world)]:
+            request.wait()
+    else:
+        dist.send(tensor, 0)
+        dist.recv(tensor, 0)
+    return tensor
 
 
-@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
-def test_ring_and_parameter_server_match_dist_all_reduce(world_size):
-    shapes = [(1,), (5,), (1001,), (3, 7)]  # fewer elements than ranks, sizes not divisible by N, 2-D
-    results = launch(compare_with_torch, world_size, args=(shapes,), echo=False)
-    assert all(all(r) for r in results), results
+def wrong_all_reduce(tensor):
+    """Sends like a parameter server but forgets to add: traffic_check must say the result is wrong."""
+    if dist.get_rank() == 0:
+        for request in [dist.isend(tensor, peer) for peer in range(1, dist.get_world_size())]:
+            request.wait()
+    else:
+        dist.recv(tensor, 0)
+    return tensor
 
 
-def ring_traffic(numel):
+def test_traffic_check_counts_a_cells_all_reduce_against_its_formula():
+    report = traffic_check({"parameter server": server_all_reduce, "mine": wrong_all_reduce}, world_sizes=(2, 3), numel=999)
+    for row in report.rows:
+        if row.scheme == "parameter server":  # the server (rank 0) sends the sum to each of the N-1 workers
+            assert row.correct
+            assert row.most_sent_by_a_rank == (row.world_size - 1) * row.message_bytes
+            assert row.least_sent_by_a_rank == row.formula_per_worker == row.message_bytes
+        else:  # no formula for an unknown scheme, and the wrong sum is reported as wrong
+            assert not row.correct and row.formula_per_worker != row.formula_per_worker
+
+
+def routes_to_collectives():
+    """Each route to a collective, tried under point_to_point_only: which raised, and whether send/recv still work."""
+    import torch.distributed.distributed_c10d as c10d
+    import torch.distributed.nn.functional as dist_nn
+    x = torch.ones(3)
+    routes = {
+        "dist.all_reduce": lambda: dist.all_reduce(x),
+        "distributed_c10d.all_reduce": lambda: c10d.all_reduce(x),
+        "the group's own allreduce": lambda: c10d._get_default_group().allreduce([x]).wait(),
+        "torch.distributed.nn all_reduce": lambda: dist_nn.all_reduce(x),
+        "broadcast_object_list": lambda: dist.broadcast_object_list([1], 0),
+        "barrier": lambda: dist.barrier(),
+    }
+    refused = {}
+    for name, call in routes.items():
+        with point_to_point_only():
+            try:
+                call()
+                refused[name] = False
+            except RuntimeError as error:
+                refused[name] = "not allowed" in str(error)
+    with point_to_point_only(), count_traffic() as traffic:
+        server_all_reduce(x)
+    return refused, dict(traffic.bytes_to), x.tolist()
+
+
+def test_point_to_point_only_refuses_every_route_to_a_collective_and_lets_send_recv_through():
+    for rank, (refused, sent, summed) in enumerate(launch(routes_to_collectives, 2, echo=False)):
+        assert all(refused.values()), refused
+        assert summed == [2.0, 2.0, 2.0]
+        assert sent == {1 - rank: 12}
+
+
+def send_through_c10d(numel):
+    import torch.distributed.distributed_c10d as c10d
     with count_traffic() as traffic:
-        ring_all_reduce(torch.ones(numel))
+        if dist.get_rank() == 0:
+            c10d.isend(torch.ones(numel), 1).wait()
+            c10d.send(torch.ones(2 * numel), 1)
+        else:
+            c10d.recv(torch.empty(numel), 0)
+            c10d.recv(torch.empty(2 * numel), 0)
     return dict(traffic.bytes_to), traffic.messages
 
 
-def test_the_ring_talks_only_to_its_right_neighbour_and_sends_2_n_minus_1_over_n():
-    world, numel = 4, 1000
-    per_rank = launch(ring_traffic, world, args=(numel,), echo=False)
-    for rank, (bytes_to, messages) in enumerate(per_rank):
-        assert set(bytes_to) == {(rank + 1) % world}
-        assert messages == 2 * (world - 1)
-        assert bytes_to[(rank + 1) % world] == pytest.approx(bytes_sent_per_worker("ring", numel * 4, world), abs=2 * 4)
-
-
-def test_ring_refuses_a_non_contiguous_tensor():
-    def body():
-        ring_all_reduce(torch.ones(4, 4).t())
-    with pytest.raises(Exception, match="contiguous"):
-        launch(body, 2, echo=False)
-
-
-def test_counting_restores_dist_send():
-    original = dist.send
-    with count_traffic():
-        assert dist.send is not original
-    assert dist.send is original
-
-
-def test_traffic_check_agrees_with_the_formulas():
-    report = traffic_check(world_sizes=(2, 3), numel=999)
-    for row in report.rows:
-        assert row.correct
-        if row.scheme.startswith("ring"):
-            assert abs(row.most_sent_by_a_rank - row.formula_per_worker) <= 8
-        else:  # the server (rank 0) sends the sum to each of the N-1 workers
-            assert row.most_sent_by_a_rank == (row.world_size - 1) * row.message_bytes
-            assert row.least_sent_by_a_rank == row.formula_per_worker == row.message_bytes
-
-
-def test_collectives_demo_shows_the_four_operations():
-    demo = collectives_demo(3)
-    ops = {r.operation.split()[0] for r in demo.rows}
-    assert ops == {"broadcast", "all_reduce", "all_gather", "reduce_scatter"}
-    after = {(r.operation.split()[0], r.rank): r.after for r in demo.rows}
-    assert after[("all_gather", 2)] == "[0, 1, 2]" and after[("broadcast", 2)] == "[1, 1]"
+def test_count_traffic_sees_sends_by_any_route():
+    assert launch(send_through_c10d, 2, args=(10,), echo=False) == [({1: 120}, 2), ({}, 0)]
 
 
 # ---------------------------------------------------------------- the cost formulas
@@ -150,7 +166,9 @@ def test_comm_costs_table_and_unknown_scheme():
 def test_measured_sweep_and_calibration_report_positive_times():
     calibration = calibrate_link(sizes_bytes=(4, 64 * 1024, 1 << 20), repeats=3)
     assert calibration.link.alpha >= 0 and calibration.link.bandwidth > 1e6
-    sweep = all_reduce_sweep(world_sizes=(2,), sizes_bytes=(1024, 256 * 1024), repeats=2, link=calibration.link)
-    assert len(sweep.rows) == 4 and all(r.seconds > 0 and r.model_seconds > 0 for r in sweep.rows)
+    sweep = all_reduce_sweep({"parameter server": server_all_reduce}, world_sizes=(2,), sizes_bytes=(1024, 256 * 1024), repeats=2, link=calibration.link)
+    assert len(sweep.rows) == 4 and all(r.seconds > 0 for r in sweep.rows)
+    assert all((r.model_seconds > 0) == (r.implementation == "parameter server") for r in sweep.rows if r.model_seconds is not None)
+    assert {r.implementation for r in sweep.rows if r.model_seconds} == {"parameter server"}
     sweep.plot()
     sweep.plot_world_sizes()

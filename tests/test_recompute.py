@@ -8,6 +8,8 @@ from torch import nn
 from helpers.distributed import demo_transformer, example_batch, recompute_cost
 from helpers.distributed.recompute import RecomputeCost, _input_of
 
+from .test_memsave import checkpointed
+
 
 @pytest.fixture(scope="module")
 def model():
@@ -29,16 +31,16 @@ def test_the_blocks_input_is_what_the_blocks_see(model):
 
 
 def test_a_real_measurement_has_every_part_and_an_explanation(model):
-    report = recompute_cost(model, batch_size=2, rounds=1)
+    report = recompute_cost(model, checkpointed, batch_size=2, rounds=1)
     assert report.find(part="plain update").share == 1.0
-    checkpointed = report.find(part="update, checkpoint every 1 block")
-    assert checkpointed.seconds > 0 and report.groups == 2
-    assert report.measured == pytest.approx(checkpointed.share - 1)
+    wrapped = report.find(part="update, checkpoint every 1 block")
+    assert wrapped.seconds > 0 and report.groups == 2
+    assert report.measured == pytest.approx(wrapped.share - 1)
     assert "Measured" in report.explanation and report.explanation in report.notes
 
 
 def test_groups_follow_every(model):
-    assert recompute_cost(model, batch_size=2, every=2, rounds=1).groups == 1
+    assert recompute_cost(model, checkpointed, batch_size=2, every=2, rounds=1).groups == 1
 
 
 def test_the_explanation_follows_the_numbers():
@@ -54,6 +56,6 @@ def test_the_explanation_follows_the_numbers():
 
 def test_bad_arguments_say_what_to_do(model):
     with pytest.raises(ValueError, match="rounds"):
-        recompute_cost(model, rounds=0)
+        recompute_cost(model, checkpointed, rounds=0)
     with pytest.raises(ValueError, match="blocks="):
-        recompute_cost(nn.Sequential(nn.Linear(2, 2)), rounds=1)
+        recompute_cost(nn.Sequential(nn.Linear(2, 2)), checkpointed, rounds=1)

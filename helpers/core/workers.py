@@ -38,7 +38,9 @@ HOST = "127.0.0.1"
 # What the forkserver imports before it forks workers. Nothing here may initialise CUDA: a child forked
 # from a process that did cannot use the GPU ("Cannot re-initialize CUDA in forked subprocess").
 # (torch.utils.benchmark, for one, asks the CUDA driver for a device count at import time.)
-_PRELOAD = ["torch", "torch.distributed", "helpers.core.workers"]
+# torch._dynamo: torch imports it on the first operation under a dispatch mode (count_traffic, FlopCounterMode),
+# seconds per worker otherwise.
+_PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "helpers.core.workers"]
 
 
 class WorkerError(RuntimeError):

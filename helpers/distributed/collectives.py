@@ -1,8 +1,8 @@
-"""Collectives written by hand with point-to-point messages, and tools to watch the traffic: run inside workers.
+"""Tools that run inside workers to watch and time collectives; the algorithms themselves are written in the lectures.
 
-``ring_all_reduce`` is the bandwidth-optimal algorithm of Horovod and NCCL (reduce-scatter, then all-gather,
-around a ring); ``parameter_server_all_reduce`` is the centralised pattern it replaced. ``count_traffic``
-records every byte a rank sends, so the cost formulas of ``helpers.distributed.comm_models`` can be checked on real runs.
+``count_traffic`` records every byte a rank sends, so the cost formulas of ``helpers.distributed.comm_models``
+can be checked on real runs of a lecture's (or a student's) all-reduce; ``point_to_point_only`` makes every
+collective raise, for exercises built from send/recv; both watch torch's dispatcher, where every route meets.
 """
 from __future__ import annotations
 
@@ -14,64 +14,7 @@ from typing import Callable, Iterator
 
 import torch
 import torch.distributed as dist
-
-
-def ring_all_reduce(tensor: torch.Tensor, average: bool = False) -> torch.Tensor:
-    """Sum ``tensor`` over all ranks in place, with isend/recv around a ring only; returns it.
-
-    The flat tensor is cut into ``world_size`` chunks (sizes may differ by one element). Reduce-scatter:
-    in N-1 steps each rank passes a partial sum to its right neighbour, after which rank r holds the full
-    sum of chunk r+1. All-gather: N-1 more steps pass the finished chunks around. Each rank sends
-    2(N-1)/N of the tensor in all, whatever N is.
-    """
-    world, rank = dist.get_world_size(), dist.get_rank()
-    if not tensor.is_contiguous():
-        raise ValueError("ring_all_reduce works in place on a contiguous tensor; pass tensor.contiguous() and use the result")
-    chunks = list(tensor.view(-1).tensor_split(world))
-    right, left = (rank + 1) % world, (rank - 1) % world
-    inbox = torch.empty_like(chunks[0])
-    for step in range(world - 1):  # reduce-scatter
-        send, recv = chunks[(rank - step) % world], chunks[(rank - step - 1) % world]
-        _exchange(send, inbox[: recv.numel()], right, left)
-        recv.add_(inbox[: recv.numel()])
-    for step in range(world - 1):  # all-gather
-        send, recv = chunks[(rank + 1 - step) % world], chunks[(rank - step) % world]
-        _exchange(send, recv, right, left)
-    if average:
-        tensor.div_(world)
-    return tensor
-
-
-def _exchange(send: torch.Tensor, recv: torch.Tensor, to: int, source: int) -> None:
-    """Send one buffer and receive another at the same time (a blocking send on every rank would deadlock)."""
-    request = dist.isend(send, to) if send.numel() else None
-    if recv.numel():
-        dist.recv(recv, source)
-    if request is not None:
-        request.wait()
-
-
-def parameter_server_all_reduce(tensor: torch.Tensor, server: int = 0, average: bool = False) -> torch.Tensor:
-    """Sum ``tensor`` over all ranks in place, parameter-server style: everyone sends to ``server``, which sends the sum back.
-
-    The server's link carries (N-1) full tensors in and (N-1) out, so its time grows with N: the
-    bottleneck the ring removes.
-    """
-    world, rank = dist.get_world_size(), dist.get_rank()
-    if rank == server:
-        inbox = torch.empty_like(tensor)
-        for peer in (p for p in range(world) if p != server):
-            dist.recv(inbox, peer)
-            tensor.add_(inbox)
-        if average:
-            tensor.div_(world)
-        requests = [dist.isend(tensor, peer) for peer in range(world) if peer != server]
-        for request in requests:
-            request.wait()
-    else:
-        dist.send(tensor, server)
-        dist.recv(tensor, server)
-    return tensor
+from torch.utils._python_dispatch import TorchDispatchMode
 
 
 def torch_all_reduce(tensor: torch.Tensor, average: bool = False) -> torch.Tensor:
@@ -80,13 +23,6 @@ def torch_all_reduce(tensor: torch.Tensor, average: bool = False) -> torch.Tenso
     if average:
         tensor.div_(dist.get_world_size())
     return tensor
-
-
-ALL_REDUCES: dict[str, Callable[..., torch.Tensor]] = {
-    "ring (send/recv)": ring_all_reduce,
-    "parameter server (send/recv)": parameter_server_all_reduce,
-    "dist.all_reduce": torch_all_reduce,
-}
 
 
 # ---------------------------------------------------------------- watching the traffic
@@ -112,55 +48,51 @@ class Traffic:
         return set(self.bytes_to)
 
 
+class _Watch(TorchDispatchMode):
+    """Sees every c10d operation of this process at torch's dispatcher, whichever Python name called it."""
+
+    def __init__(self, on_op: Callable[[str, tuple], None]):
+        super().__init__()
+        self.on_op = on_op
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace in ("c10d", "_c10d_functional", "c10d_functional"):
+            self.on_op(func.__name__.split(".")[0], args)
+        return func(*args, **(kwargs or {}))
+
+
 @contextlib.contextmanager
 def count_traffic() -> Iterator[Traffic]:
-    """Within the block, record every ``dist.send`` and ``dist.isend`` of this process (then restore them)."""
+    """Within the block, record every tensor this process sends point to point (``send``, ``isend``, by any route)."""
     traffic = Traffic()
-    originals = {name: getattr(dist, name) for name in ("send", "isend")}
 
-    def counted(original):
-        def wrapper(tensor, dst=None, *args, **kwargs):
-            traffic.bytes_to[dst] += tensor.numel() * tensor.element_size()
+    def record(op: str, args: tuple) -> None:
+        if op == "send":  # c10d::send(Tensor[] tensors, ProcessGroup group, int dst, int tag): dst ranks in the group
+            tensors, dst = args[0], args[2]
+            traffic.bytes_to[dst] += sum(t.numel() * t.element_size() for t in tensors)
             traffic.messages_to[dst] += 1
-            return original(tensor, dst, *args, **kwargs)
-        return wrapper
 
-    for name, original in originals.items():
-        setattr(dist, name, counted(original))
-    try:
+    with _Watch(record):
         yield traffic
-    finally:
-        for name, original in originals.items():
-            setattr(dist, name, original)
 
 
-COLLECTIVES = (
-    "all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor", "gather", "scatter", "reduce_scatter",
-    "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "all_gather_object", "gather_object", "scatter_object_list",
-    "broadcast_object_list",
-)
+POINT_TO_POINT = {"send", "recv_", "recv_any_source_"}
 
 
 @contextlib.contextmanager
 def point_to_point_only() -> Iterator[None]:
-    """Within the block, every torch.distributed collective raises: only send/recv (and isend/irecv) work.
+    """Within the block, every collective raises: only send/recv (and isend/irecv) work.
 
-    For exercises that ask for an algorithm built from point-to-point messages.
+    Checked at torch's dispatcher, where every route to a collective meets (``dist.all_reduce``,
+    ``torch.distributed.distributed_c10d``, a process group's own methods, ``torch.distributed.nn``,
+    object collectives, barriers): for exercises that ask for an algorithm built from point-to-point messages.
     """
-    originals = {name: getattr(dist, name) for name in COLLECTIVES if hasattr(dist, name)}
+    def refuse(op: str, args: tuple) -> None:
+        if op not in POINT_TO_POINT:
+            raise RuntimeError(f"the collective c10d.{op} is not allowed here: build the algorithm from dist.send/recv/isend/irecv only")
 
-    def refuse(name):
-        def collective(*args, **kwargs):
-            raise RuntimeError(f"dist.{name} is not allowed here: build the algorithm from dist.send/recv/isend/irecv only")
-        return collective
-
-    for name in originals:
-        setattr(dist, name, refuse(name))
-    try:
+    with _Watch(refuse):
         yield
-    finally:
-        for name, original in originals.items():
-            setattr(dist, name, original)
 
 
 def time_collective(fn: Callable[[torch.Tensor], torch.Tensor], numel: int, repeats: int = 5, dtype=torch.float32) -> float:

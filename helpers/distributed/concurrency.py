@@ -1,11 +1,13 @@
 """Processes, threads and the GIL, measured: what Lecture 2 shows about running Python work in parallel.
 
 * ``start_costs``: how long it takes to start a thread, a forkserver process and a spawned process;
-* ``gil_demo``: the same tasks run serially, on threads and on processes, for pure-Python work (holds the
-  GIL) and for torch operations (release it);
+* ``gil_demo``: the same tasks run serially, on threads and on processes, for each workload a cell wrote
+  (pure-Python work holds the GIL, torch kernels release it);
 * ``shared_memory_demo``: handing a tensor to another process through shared memory vs by copying it;
-* ``dataloader_demo``: a data set with Python-heavy decoding read by a DataLoader with 0 workers, by threads,
-  and by worker processes.
+* ``dataloader_demo``: a cell's data set (with Python-heavy decoding) read by a DataLoader with 0 workers, by
+  threads, and by worker processes.
+
+Functions and data sets written in a notebook reach the worker processes by value (``by_value``, cloudpickle).
 """
 from __future__ import annotations
 
@@ -15,8 +17,9 @@ import threading
 import time
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
+import cloudpickle
 import torch
 from torch.utils.data import DataLoader, Dataset
 
@@ -75,21 +78,17 @@ def start_costs(include_spawn: bool = True) -> StartCosts:
 # ---------------------------------------------------------------- the GIL
 
 
-def python_work(iterations: int) -> int:
-    """Pure-Python arithmetic: the interpreter holds the GIL the whole time."""
-    total = 0
-    for i in range(iterations):
-        total += i * i % 7
-    return total
+class _ByValue:
+    """Pickles as the object itself, by value: a notebook's function or data set unpickles in another process."""
 
+    def __init__(self, obj: Any):
+        self.obj = obj
 
-def torch_work(size: int, repeats: int) -> float:
-    """Matrix products on one thread: torch releases the GIL inside each kernel."""
-    torch.set_num_threads(1)
-    a = torch.randn(size, size)
-    for _ in range(repeats):
-        a = torch.tanh(a @ a / size)
-    return float(a[0, 0])
+    def __call__(self, *args):
+        return self.obj(*args)
+
+    def __reduce__(self):
+        return cloudpickle.loads, (cloudpickle.dumps(self.obj),)
 
 
 @dataclass
@@ -128,20 +127,22 @@ def _run_pool(pool, fn, args, tasks: int) -> float:
     return time.perf_counter() - start
 
 
-def gil_demo(tasks: int | None = None, python_iterations: int = 3_000_000, matrix: int = 256, matmuls: int = 120) -> GilDemo:
-    """Run ``tasks`` equal tasks (default: one per core) three ways, for Python work and for torch work."""
+def gil_demo(workloads: dict[str, tuple[Callable, tuple]], tasks: int | None = None) -> GilDemo:
+    """Run ``tasks`` equal tasks (default: one per core) serially, on threads and on processes, for each ``{name: (fn, args)}``.
+
+    torch gets one intra-op thread in every thread and process, so that only the pool provides parallelism.
+    """
     tasks = tasks or max(2, available_cores())
-    workloads = {"pure Python": (python_work, (python_iterations,)), "torch matmul (1 thread each)": (torch_work, (matrix, matmuls))}
     rows = []
-    # torch work in threads of this process: one intra-op thread each, as in the processes
     with cpu_threads(1):
-        with ThreadPoolExecutor(tasks) as threads, ProcessPoolExecutor(tasks, mp_context=worker_context()) as processes:
+        with ThreadPoolExecutor(tasks) as threads, ProcessPoolExecutor(tasks, mp_context=worker_context(), initializer=torch.set_num_threads,
+                                                                       initargs=(1,)) as processes:
             list(processes.map(_nothing_arg, range(tasks)))  # start the processes before timing
             for name, (fn, args) in workloads.items():
                 fn(*args)  # warm-up
                 serial = _run_serial(fn, args, tasks)
                 for method, seconds in (("serial (one thread)", serial), (f"{tasks} threads", _run_pool(threads, fn, args, tasks)),
-                                        (f"{tasks} processes", _run_pool(processes, fn, args, tasks))):
+                                        (f"{tasks} processes", _run_pool(processes, _ByValue(fn), args, tasks))):
                     rows.append(GilRun(name, method, tasks, seconds, serial / seconds))
     return GilDemo(rows, [f"{available_cores()} CPU cores here; the ideal speedup with {tasks} tasks is {min(tasks, available_cores())}x."])
 
@@ -216,18 +217,20 @@ def shared_memory_demo(mib: int = 64) -> SharedMemoryDemo:
 # ---------------------------------------------------------------- why data loaders are processes
 
 
-class DecodeHeavy(Dataset):
-    """A data set whose items cost Python work to "decode" (like JPEG parsing in pure Python), then become tensors."""
+class _PortableDataset(Dataset):
+    """A data set that reaches DataLoader worker processes by value, even when a notebook defined its class."""
 
-    def __init__(self, length: int = 256, decode_iterations: int = 40_000):
-        self.length, self.decode_iterations = length, decode_iterations
+    def __init__(self, dataset: Dataset):
+        self.dataset = dataset
 
     def __len__(self) -> int:
-        return self.length
+        return len(self.dataset)
 
-    def __getitem__(self, index: int) -> torch.Tensor:
-        python_work(self.decode_iterations)
-        return torch.full((3, 32, 32), float(index))
+    def __getitem__(self, index: int):
+        return self.dataset[index]
+
+    def __reduce__(self):
+        return cloudpickle.loads, (cloudpickle.dumps(self.dataset),)
 
 
 @dataclass
@@ -265,17 +268,17 @@ def _epoch_seconds(loader) -> float:
     return time.perf_counter() - start
 
 
-def dataloader_demo(length: int = 256, decode_iterations: int = 40_000, batch_size: int = 32, workers: int | None = None) -> LoaderDemo:
-    """One epoch of ``DecodeHeavy`` through DataLoader(num_workers=0), a thread pool, and DataLoader(num_workers=N)."""
+def dataloader_demo(dataset: Dataset, batch_size: int = 32, workers: int | None = None) -> LoaderDemo:
+    """One epoch of a map-style ``dataset`` through DataLoader(num_workers=0), a thread pool, and DataLoader(num_workers=N)."""
     workers = workers or max(2, available_cores())
-    dataset = DecodeHeavy(length, decode_iterations)
+    length = len(dataset)
     serial = _epoch_seconds(DataLoader(dataset, batch_size=batch_size))
     threaded = _ThreadedLoader(dataset, batch_size, workers)
     try:
         threads = _epoch_seconds(threaded)
     finally:
         threaded.pool.shutdown()
-    processes_loader = DataLoader(dataset, batch_size=batch_size, num_workers=workers, persistent_workers=True,
+    processes_loader = DataLoader(_PortableDataset(dataset), batch_size=batch_size, num_workers=workers, persistent_workers=True,
                                   multiprocessing_context=worker_context())
     _epoch_seconds(processes_loader)  # the first epoch starts the worker processes
     processes = _epoch_seconds(processes_loader)
@@ -283,5 +286,5 @@ def dataloader_demo(length: int = 256, decode_iterations: int = 40_000, batch_si
     rows = [LoaderRun("DataLoader, num_workers=0", serial, length / serial, 1.0),
             LoaderRun(f"{workers} threads", threads, length / threads, serial / threads),
             LoaderRun(f"DataLoader, num_workers={workers} (processes)", processes, length / processes, serial / processes)]
-    return LoaderDemo(rows, [f"{length} items, {format_seconds(serial / length)} of Python decoding each; "
+    return LoaderDemo(rows, [f"{length} items, {format_seconds(serial / length)} each to read; "
                              f"{available_cores()} CPU cores. The process loader's workers were started before timing."])

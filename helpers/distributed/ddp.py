@@ -5,11 +5,10 @@ through a communication hook that records when each bucket's all-reduce is launc
 """
 from __future__ import annotations
 
-import contextlib
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -177,7 +176,7 @@ class AccumulationDemo(Report):
     title = "Gradient accumulation over micro-batches: with and without no_sync()"
 
 
-def _accumulation_worker(micro_batches: int, width: int, depth: int, batch: int, repeats: int) -> list[AccumulationRun]:
+def _accumulation_worker(accumulate: Callable, micro_batches: int, width: int, depth: int, batch: int, repeats: int) -> list[AccumulationRun]:
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     ddp, log = _wrap(mlp(width, depth), None)
@@ -192,30 +191,26 @@ def _accumulation_worker(micro_batches: int, width: int, depth: int, batch: int,
         dist.all_reduce(g)
         g /= world
 
-    def accumulate(no_sync: bool):
-        ddp.zero_grad(set_to_none=False)
-        for i, (xb, yb) in enumerate(batches):
-            last = i == micro_batches - 1
-            context = ddp.no_sync() if no_sync and not last else contextlib.nullcontext()
-            with context:
-                (nn.functional.mse_loss(ddp(xb), yb) / micro_batches).backward()
-
     runs = []
     for name, no_sync in (("all-reduce every micro-batch", False), ("no_sync() until the last micro-batch", True)):
-        accumulate(no_sync)  # warm-up
+        accumulate(ddp, batches, no_sync)  # warm-up
         log.clear()
-        accumulate(no_sync)
+        accumulate(ddp, batches, no_sync)
         same = all(torch.allclose(p.grad, e, rtol=1e-4, atol=1e-6) for p, e in zip(ddp.parameters(), expected))
         calls, sent = len(log.events), sum(b for _, b in log.events)
-        seconds = _median_step(lambda: accumulate(no_sync), repeats)
+        seconds = _median_step(lambda: accumulate(ddp, batches, no_sync), repeats)
         runs.append(AccumulationRun(name, calls, sent, seconds, same))
     return runs
 
 
-def accumulation_demo(micro_batches: int = 4, world_size: int = 2, width: int = 512, depth: int = 8, batch: int = 16,
+def accumulation_demo(accumulate: Callable, micro_batches: int = 4, world_size: int = 2, width: int = 512, depth: int = 8, batch: int = 16,
                       repeats: int = 5, timeout: float = 300) -> AccumulationDemo:
-    """Accumulate gradients over ``micro_batches``, all-reducing each time or only at the end (``no_sync``)."""
-    runs = launch(_accumulation_worker, world_size, args=(micro_batches, width, depth, batch, repeats), timeout=timeout, echo=False)[0]
+    """Run ``accumulate(ddp_model, micro_batches, no_sync)`` (one update's gradients over [(x, y), ...]) both ways.
+
+    Counts DDP's all-reduces with a communication hook, times the update, and compares the gradients with those
+    of the whole batch at once.
+    """
+    runs = launch(_accumulation_worker, world_size, args=(accumulate, micro_batches, width, depth, batch, repeats), timeout=timeout, echo=False)[0]
     return AccumulationDemo(runs, [f"{world_size} workers, {micro_batches} micro-batches of {batch} per update."])
 
 

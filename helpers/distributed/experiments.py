@@ -1,17 +1,18 @@
-"""Distributed experiments a lecture cell runs in one call: each launches real gloo (or NCCL) workers and returns a report.
+"""Distributed measurements a lecture cell runs in one call, on the cell's own code: each launches real gloo (or NCCL) workers.
 
-* ``collectives_demo``: broadcast, all_reduce, all_gather and reduce_scatter, each rank's tensor before and after;
-* ``traffic_check``: bytes each rank really sent in a ring and a parameter-server all-reduce, beside the formula;
+* ``traffic_check``: bytes each rank really sent in the all-reduces a cell wrote, beside the formula;
 * ``calibrate_link``: point-to-point times between two workers, fitted to the alpha-beta model;
-* ``all_reduce_sweep``: hand-written ring (and parameter server) against ``dist.all_reduce`` over message
-  sizes and world sizes, with the calibrated model's prediction beside each measurement.
+* ``all_reduce_sweep``: a cell's all-reduces against ``dist.all_reduce`` over message sizes and world sizes,
+  with the calibrated model's prediction beside each measurement.
 
-The launcher is ``helpers.core.workers.launch``; what runs inside the workers is in ``helpers.distributed.collectives``.
+An all-reduce is given as ``{scheme: fn}``: ``fn(tensor)`` sums ``tensor`` over the ranks in place and returns
+it; ``scheme`` names the cost formula of ``helpers.distributed.comm_models`` it follows ("ring", "tree",
+"butterfly", "parameter server"), or anything else for no formula. The launcher is ``helpers.core.workers.launch``.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -19,66 +20,11 @@ import torch.distributed as dist
 from helpers.core import plots
 from helpers.core.report import Report, column, format_bytes, format_seconds
 from helpers.core.workers import WorkerError, WorkerTimeout, available_cores, launch  # noqa: F401  (re-exported)
-from helpers.distributed.collectives import ALL_REDUCES, count_traffic, ping_pong, time_collective
-from helpers.distributed.comm_models import Link, all_reduce_time, bytes_sent_per_worker, comm_costs, fit_link  # noqa: F401  (re-exported)
+from helpers.distributed.collectives import count_traffic, ping_pong, time_collective, torch_all_reduce
+from helpers.distributed.comm_models import SCHEMES, Link, all_reduce_time, bytes_sent_per_worker, comm_costs, fit_link  # noqa: F401  (re-exported)
 
 KIB, MIB = 1024, 1024 * 1024
 FLOAT_BYTES = 4
-
-
-# ---------------------------------------------------------------- the four collectives
-
-
-@dataclass
-class CollectiveRow:
-    operation: str = column("operation")
-    rank: int = column("rank")
-    before: str = column("before")
-    after: str = column("after")
-
-
-class CollectivesDemo(Report):
-    title = "Collectives on a real process group: each rank's tensor before and after"
-
-
-def _show(t: torch.Tensor) -> str:
-    return "[" + ", ".join(f"{v:g}" for v in t.tolist()) + "]"
-
-
-def _run_collectives() -> list[CollectiveRow]:
-    rank, world = dist.get_rank(), dist.get_world_size()
-    rows = []
-
-    def record(name: str, before: torch.Tensor, after: torch.Tensor) -> None:
-        rows.append(CollectiveRow(name, rank, _show(before), _show(after)))
-
-    x = torch.full((2,), float(rank + 1))
-    before = x.clone()
-    dist.broadcast(x, src=0)
-    record("broadcast from rank 0", before, x)
-    x = torch.arange(2, dtype=torch.float32) + 10 * rank
-    before = x.clone()
-    dist.all_reduce(x)
-    record("all_reduce (sum)", before, x)
-    x = torch.tensor([float(rank)])
-    gathered = [torch.empty(1) for _ in range(world)]
-    dist.all_gather(gathered, x)
-    record("all_gather", x, torch.cat(gathered))
-    x = torch.arange(world, dtype=torch.float32) + 10 * rank
-    out = torch.empty(1)
-    dist.reduce_scatter(out, list(x.chunk(world)))
-    record("reduce_scatter (sum)", x, out)
-    return rows
-
-
-def collectives_demo(world_size: int = 4, timeout: float = 60) -> CollectivesDemo:
-    """Run the four collectives of data-parallel training on ``world_size`` workers and show every rank's data."""
-    per_rank = launch(_run_collectives, world_size, timeout=timeout, echo=False)
-    rows = sorted((r for rows in per_rank for r in rows), key=lambda r: (_OPERATION_ORDER.index(r.operation.split()[0]), r.rank))
-    return CollectivesDemo(rows, [f"backend: gloo on {world_size} processes" if not torch.cuda.is_available() else f"{world_size} processes"])
-
-
-_OPERATION_ORDER = ["broadcast", "all_reduce", "all_gather", "reduce_scatter"]
 
 
 # ---------------------------------------------------------------- traffic counted vs formula
@@ -100,32 +46,42 @@ class TrafficCheck(Report):
     title = "Bytes each rank really sent in one all-reduce, beside the formula"
 
 
-def _count(numel: int) -> dict:
+AllReduces = Mapping[str, Callable[[torch.Tensor], torch.Tensor]]
+
+
+def _workers_of(scheme: str, world: int) -> int:
+    """Workers in a scheme's formula: a parameter server's N-1 workers talk to rank 0, the server."""
+    return max(world - 1, 1) if scheme == "parameter server" else world
+
+
+def _count(all_reduces: AllReduces, numel: int) -> dict:
     rank = dist.get_rank()
     data = torch.randn(numel, generator=torch.Generator().manual_seed(rank))
     expected = data.clone()
     dist.all_reduce(expected)
     out = {}
-    for name in ("ring (send/recv)", "parameter server (send/recv)"):
+    for name, fn in all_reduces.items():
         with count_traffic() as traffic:
-            result = ALL_REDUCES[name](data.clone())
+            result = fn(data.clone())
         out[name] = (traffic.bytes_sent, sorted(traffic.peers), torch.allclose(result, expected, rtol=1e-5, atol=1e-5))
     return out
 
 
-def traffic_check(world_sizes: Sequence[int] = (2, 3, 4), numel: int = 1001, timeout: float = 60) -> TrafficCheck:
-    """Count the bytes every rank sends in the hand-written ring and parameter-server all-reduces."""
+def traffic_check(all_reduces: AllReduces, world_sizes: Sequence[int] = (2, 3, 4), numel: int = 1001, timeout: float = 60) -> TrafficCheck:
+    """Run each ``{scheme: fn}`` all-reduce on real workers and count the bytes every rank sends, beside the scheme's formula."""
     rows = []
     message = numel * FLOAT_BYTES
     for world in world_sizes:
-        per_rank = launch(_count, world, args=(numel,), timeout=timeout, echo=False)
-        for name, scheme in (("ring (send/recv)", "ring"), ("parameter server (send/recv)", "parameter server")):
+        per_rank = launch(_count, world, args=(dict(all_reduces), numel), timeout=timeout, echo=False)
+        for name in all_reduces:
             sent = [r[name][0] for r in per_rank]
-            # rank 0 is the server, so N-1 ranks are the parameter server's workers
-            formula = bytes_sent_per_worker(scheme, message, world if scheme == "ring" else max(world - 1, 1))
+            formula = bytes_sent_per_worker(name, message, _workers_of(name, world)) if name in SCHEMES else float("nan")
             rows.append(TrafficRow(name, world, message, max(sent), min(sent), formula, ", ".join(map(str, per_rank[0][name][1])) or "nobody",
                                    all(r[name][2] for r in per_rank)))
-    return TrafficCheck(rows, ["Parameter server: rank 0 is the server (it sends the sum to all N-1 workers); the formula is a worker's share."])
+    notes = ["formula: the bytes one worker sends in the scheme's cost model (helpers.distributed.comm_models)."]
+    if "parameter server" in all_reduces:
+        notes.append("Parameter server: rank 0 is the server (it sends the sum to all N-1 workers); the formula is a worker's share.")
+    return TrafficCheck(rows, notes)
 
 
 # ---------------------------------------------------------------- calibrating the link
@@ -167,9 +123,6 @@ def calibrate_link(sizes_bytes: Sequence[int] = (4, 4 * KIB, 64 * KIB, MIB, 8 * 
 # ---------------------------------------------------------------- all-reduce sweep
 
 
-SCHEME_OF = {"ring (send/recv)": "ring", "parameter server (send/recv)": "parameter server", "dist.all_reduce": "ring"}
-
-
 @dataclass
 class AllReducePoint:
     implementation: str = column("implementation")
@@ -194,7 +147,7 @@ class AllReduceSweep(Report):
         for impl in dict.fromkeys(r.implementation for r in self.rows):
             rows = [r for r in self.rows if r.implementation == impl and keep(r)]
             measured[impl] = ([x_of(r) for r in rows], [r.seconds for r in rows])
-            if self.link and impl != "dist.all_reduce":
+            if self.link and all(r.model_seconds is not None for r in rows):
                 model[impl] = ([x_of(r) for r in rows], [r.model_seconds for r in rows])
         return measured, model
 
@@ -215,38 +168,35 @@ class AllReduceSweep(Report):
         return ax
 
 
-def _sweep(names: Sequence[str], numels: Sequence[int], repeats: int) -> dict:
-    return {(name, n): time_collective(ALL_REDUCES[name], n, repeats) for name in names for n in numels}
+LIBRARY = "dist.all_reduce"
 
 
-def model_for(implementation: str, message_bytes: float, world_size: int, link: Link) -> float:
-    """The alpha-beta prediction for one of ``ALL_REDUCES`` (the parameter server's N-1 workers talk to rank 0)."""
-    scheme = SCHEME_OF[implementation]
-    workers = world_size - 1 if scheme == "parameter server" else world_size
-    return all_reduce_time(scheme, message_bytes, max(workers, 1), link)
+def _sweep(all_reduces: AllReduces, numels: Sequence[int], repeats: int) -> dict:
+    return {(name, n): time_collective(fn, n, repeats) for name, fn in all_reduces.items() for n in numels}
 
 
 def all_reduce_sweep(
+    all_reduces: AllReduces,
     world_sizes: Sequence[int] = (2, 3, 4),
     sizes_bytes: Sequence[int] = (KIB, 64 * KIB, MIB, 16 * MIB),
-    implementations: Sequence[str] = ("ring (send/recv)", "dist.all_reduce"),
     repeats: int = 5,
     link: Link | None = None,
     timeout: float = 300,
 ) -> AllReduceSweep:
-    """Time each all-reduce implementation for every world size and message size (one launch per world size)."""
-    unknown = set(implementations) - set(ALL_REDUCES)
-    if unknown:
-        raise ValueError(f"unknown implementation(s) {sorted(unknown)}; choose from {list(ALL_REDUCES)}")
+    """Time each ``{scheme: fn}`` all-reduce, and ``dist.all_reduce`` beside them, for every world size and message size."""
+    if not all_reduces or not all(callable(fn) for fn in all_reduces.values()):
+        raise ValueError("pass the all-reduces to time as {scheme: function}, e.g. {'butterfly': butterfly_all_reduce}")
+    timed = {**all_reduces, LIBRARY: torch_all_reduce}
     numels = [max(1, int(b) // FLOAT_BYTES) for b in sizes_bytes]
     rows = []
     for world in world_sizes:
-        times = launch(_sweep, world, args=(list(implementations), numels, repeats), timeout=timeout, echo=False)[0]
-        for name in implementations:
+        times = launch(_sweep, world, args=(timed, numels, repeats), timeout=timeout, echo=False)[0]
+        for name in timed:
             for n in numels:
                 message, seconds = n * FLOAT_BYTES, times[(name, n)]
                 bus = 2 * (world - 1) / world * message / seconds / 1e9 if world > 1 else 0.0
-                rows.append(AllReducePoint(name, world, message, seconds, model_for(name, message, world, link) if link else None, bus))
+                model = all_reduce_time(name, message, _workers_of(name, world), link) if link and name in SCHEMES else None
+                rows.append(AllReducePoint(name, world, message, seconds, model, bus))
     notes = ["bus GB/s = 2(N-1)/N x message / time: the per-link rate a ring needs; compare it across N."]
     cores = available_cores()
     if max(world_sizes) > cores:

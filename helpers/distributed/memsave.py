@@ -14,7 +14,6 @@ from typing import Callable, Mapping, Sequence
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from helpers.core import plots
 from helpers.core.device import cpu_threads as threads_for_cpu
@@ -165,47 +164,21 @@ def example_batch(model: nn.Module, batch_size: int) -> torch.Tensor:
 # ---------------------------------------------------------------- activation checkpointing
 
 
-class Checkpointed(nn.Module):
-    """Runs its modules in sequence keeping only their input: backward runs their forward again (torch.utils.checkpoint)."""
-
-    def __init__(self, *modules: nn.Module):
-        super().__init__()
-        self.inner = nn.Sequential(*modules)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return checkpoint(self.inner, x, use_reentrant=False)
+Wrap = Callable[[nn.Module, int], nn.Module]  # (model, blocks per group) -> a copy of the model with its blocks checkpointed
 
 
-def checkpointed(model: nn.Module, every: int = 1, blocks: str = "blocks") -> nn.Module:
-    """A copy of ``model`` whose ``blocks`` (a ModuleList or Sequential run in order) are checkpointed in groups of ``every``.
-
-    Only each group's input is kept for backward, which recomputes the group's activations:
-    memory for time. The copy computes the same function with the same weights.
-    """
-    sequence = getattr(model, blocks, None)
-    if not isinstance(sequence, (nn.ModuleList, nn.Sequential)):
-        raise ValueError(f"{type(model).__name__}.{blocks} is not a ModuleList or Sequential; pass blocks= the name of the "
-                         "attribute holding the layers that run one after another")
-    if every < 1:
-        raise ValueError(f"every must be at least 1 (blocks per checkpointed group), got {every}")
-    result = copy.deepcopy(model)
-    layers = list(getattr(result, blocks))
-    groups = [Checkpointed(*layers[i:i + every]) for i in range(0, len(layers), every)]
-    setattr(result, blocks, type(sequence)(groups) if isinstance(sequence, nn.ModuleList) else nn.Sequential(*groups))
-    return result
-
-
-def checkpointing_memory(model: nn.Module | None = None, batch_size: int = 8, every: Sequence[int] = (1, 2), optimizer: OptimizerChoice = "adam",
+def checkpointing_memory(model: nn.Module, wrap: Wrap, batch_size: int = 8, every: Sequence[int] = (1, 2), optimizer: OptimizerChoice = "adam",
                          measure: bool = True, rounds: int = 3) -> MemoryComparison:
-    """Memory and time of a training step without checkpointing and with its blocks checkpointed in groups of ``every``.
+    """Memory and time of a training step without checkpointing and with ``wrap(model, k)`` for each k in ``every``.
+
+    ``wrap`` is the lecture's: it returns a copy of ``model`` whose blocks are checkpointed in groups of k.
 
     Memory from ``training_memory``; with ``measure``, a real step's peak beside it; with
     ``rounds`` > 0, each setup's update time (``time_interleaved``), so the recompute cost
     shows as extra time.
     """
-    model = model if model is not None else demo_transformer()
     example = example_batch(model, batch_size)
-    setups = {"no checkpointing": model} | {f"checkpoint every {k} block{'s' if k > 1 else ''}": checkpointed(model, k) for k in every}
+    setups = {"no checkpointing": model} | {f"checkpoint every {k} block{'s' if k > 1 else ''}": wrap(model, k) for k in every}
     seconds = _update_times({name: dict(model=variant) for name, variant in setups.items()}, example, optimizer, rounds)
     rows = []
     for name, variant in setups.items():

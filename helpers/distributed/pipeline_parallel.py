@@ -1,6 +1,7 @@
 """Pipeline parallelism: one stage of the model per worker, micro-batches flowing through, and the bubble.
 
-``pipeline_schedule`` derives a schedule (GPipe: all forwards, then all backwards; or 1F1B)
+A schedule is a function ``order(stage, stages, micro_batches)`` returning the stage's ops in order, each
+``("F" or "B", micro-batch)``: the lecture writes GPipe's and 1F1B's. ``pipeline_schedule`` plays a schedule
 on an idealised clock and draws it. ``pipeline_experiment`` runs it for real: one stage per
 gloo worker, activations sent forward and their gradients sent back with send/recv, every
 forward and backward timestamped, so each stage's busy and idle time is measured; the
@@ -11,7 +12,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -22,8 +23,8 @@ from helpers.core.report import Report, column, format_bytes, format_seconds
 from helpers.core.workers import default_threads, launch
 from helpers.distributed.collectives import count_traffic
 
-SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B"}  # name -> how it is written
 Op = tuple[str, int]  # ("F" or "B", micro-batch index)
+Schedule = Callable[[int, int, int], Sequence[Op]]  # (stage, stages, micro_batches) -> that stage's ops in order
 KIND = {"F": "forward", "B": "backward"}
 
 
@@ -33,32 +34,30 @@ def bubble_fraction(stages: int, micro_batches: int) -> float:
     return (stages - 1) / (micro_batches + stages - 1)
 
 
-def _check(stages: int, micro_batches: int, schedule: str = "gpipe") -> None:
+def _check(stages: int, micro_batches: int) -> None:
     if stages < 1 or micro_batches < 1:
         raise ValueError(f"need at least one stage and one micro-batch, got stages={stages}, micro_batches={micro_batches}")
-    if schedule not in SCHEDULES:
-        raise ValueError(f"unknown schedule {schedule!r}; choose one of {list(SCHEDULES)}")
 
 
-def stage_order(stage: int, stages: int, micro_batches: int, schedule: str = "gpipe") -> list[Op]:
-    """The order in which ``stage`` runs its forwards and backwards.
-
-    GPipe: every micro-batch forward, then every backward (last in, first out), so all m
-    micro-batches' activations are held at once. 1F1B: p - stage - 1 forwards to fill the
-    pipe, then one forward and one backward in turn, so at most p - stage are held.
-    """
-    _check(stages, micro_batches, schedule)
-    m = micro_batches
-    if schedule == "gpipe":
-        return [("F", i) for i in range(m)] + [("B", i) for i in reversed(range(m))]
-    warmup = min(stages - stage - 1, m)
-    order = [("F", i) for i in range(warmup)]
-    for i in range(m - warmup):
-        order += [("F", warmup + i), ("B", i)]
-    return order + [("B", i) for i in range(m - warmup, m)]
+def _name(schedule: Schedule) -> str:
+    return getattr(schedule, "__name__", type(schedule).__name__)
 
 
-def ideal_timeline(stages: int, micro_batches: int, schedule: str = "gpipe", forward: float | Sequence[float] = 1.0,
+def stage_orders(schedule: Schedule, stages: int, micro_batches: int) -> list[list[Op]]:
+    """Every stage's order from ``schedule``, checked: each micro-batch's forward and backward exactly once, forward first."""
+    _check(stages, micro_batches)
+    orders = []
+    for s in range(stages):
+        order = [(str(kind), int(i)) for kind, i in schedule(s, stages, micro_batches)]
+        wanted = sorted([("B", i) for i in range(micro_batches)] + [("F", i) for i in range(micro_batches)])
+        if sorted(order) != wanted or any(order.index(("B", i)) < order.index(("F", i)) for i in range(micro_batches)):
+            raise ValueError(f"{_name(schedule)}({s}, {stages}, {micro_batches}) returned {order}: a stage must run each micro-batch's "
+                             "forward ('F', i) and then its backward ('B', i), each exactly once")
+        orders.append(order)
+    return orders
+
+
+def ideal_timeline(schedule: Schedule, stages: int, micro_batches: int, forward: float | Sequence[float] = 1.0,
                    backward: float | Sequence[float] = 2.0) -> list[list[tuple]]:
     """Start and end of every op per stage when each forward takes ``forward`` and each backward ``backward``, communication free.
 
@@ -68,7 +67,7 @@ def ideal_timeline(stages: int, micro_batches: int, schedule: str = "gpipe", for
     """
     forward = [forward] * stages if isinstance(forward, (int, float)) else list(forward)
     backward = [backward] * stages if isinstance(backward, (int, float)) else list(backward)
-    orders = [stage_order(s, stages, micro_batches, schedule) for s in range(stages)]
+    orders = stage_orders(schedule, stages, micro_batches)
     done: dict[tuple[str, int, int], float] = {}
     timeline: list[list[tuple]] = [[] for _ in range(stages)]
     position, free = [0] * stages, [0.0] * stages
@@ -129,28 +128,28 @@ class StageWork:
 class PipelineSchedule(Report):
     """A pipeline schedule on an idealised clock: each stage's order of work, busy and idle time, the bubble."""
 
-    def __init__(self, stages: int, micro_batches: int, schedule: str, forward: float, backward: float):
+    def __init__(self, schedule: Schedule, stages: int, micro_batches: int, forward: float, backward: float):
         self.stages, self.micro_batches, self.schedule = stages, micro_batches, schedule
-        self.timeline = ideal_timeline(stages, micro_batches, schedule, forward, backward)
+        self.timeline = ideal_timeline(schedule, stages, micro_batches, forward, backward)
         self.makespan = max(e[3] for lane in self.timeline for e in lane)
         self.bubble = bubble_of(self.timeline)
         self.formula = bubble_fraction(stages, micro_batches)
-        self.title = f"{SCHEDULES[schedule]} schedule: p = {stages} stages, m = {micro_batches} micro-batches (forward {forward:g}, backward {backward:g} time units)"
+        self.title = f"{_name(schedule)} schedule: p = {stages} stages, m = {micro_batches} micro-batches (forward {forward:g}, backward {backward:g} time units)"
         rows = []
         for s, lane in enumerate(self.timeline):
             busy = sum(e[3] - e[2] for e in lane)
             rows.append(StageWork(stage=s, order=" ".join(f"{k}{i}" for k, i, _, _ in lane), busy=busy, idle=self.makespan - busy,
-                                  held=_held(stage_order(s, stages, micro_batches, schedule))))
+                                  held=_held(stage_orders(schedule, stages, micro_batches)[s])))
         notes = [f"Idle share (the bubble): {self.bubble:.3f}; (p - 1) / (m + p - 1) = {stages - 1}/{micro_batches + stages - 1} = {self.formula:.3f}."]
         super().__init__(rows, notes)
 
     def plot(self, ax=None):
-        return _gantt(self.timeline, ax, f"{SCHEDULES[self.schedule]}: p = {self.stages}, m = {self.micro_batches}, bubble {self.bubble:.0%}", "time (units)")
+        return _gantt(self.timeline, ax, f"{_name(self.schedule)}: p = {self.stages}, m = {self.micro_batches}, bubble {self.bubble:.0%}", "time (units)")
 
 
-def pipeline_schedule(stages: int = 4, micro_batches: int = 4, schedule: str = "gpipe", forward: float = 1.0, backward: float = 2.0) -> PipelineSchedule:
-    """Derive (and, with ``.plot()``, draw) a GPipe or 1F1B schedule of ``micro_batches`` through ``stages`` equal stages."""
-    return PipelineSchedule(stages, micro_batches, schedule, forward, backward)
+def pipeline_schedule(schedule: Schedule, stages: int = 4, micro_batches: int = 4, forward: float = 1.0, backward: float = 2.0) -> PipelineSchedule:
+    """Play ``schedule`` (``order(stage, stages, micro_batches)``) for ``micro_batches`` through ``stages`` equal stages; ``.plot()`` draws it."""
+    return PipelineSchedule(schedule, stages, micro_batches, forward, backward)
 
 
 # ---------------------------------------------------------------- the real pipeline
@@ -205,13 +204,13 @@ def _run_stage(stage: nn.Module, order: Sequence[Op], micro_batches: int, x: tor
     return events
 
 
-def _pipeline_worker(layers_per_stage: int, width: int, batch: int, micro_batch_counts: Sequence[int], schedule: str, repeats: int) -> dict:
+def _pipeline_worker(layers_per_stage: int, width: int, batch: int, micro_batch_counts: Sequence[int], schedule: Schedule, repeats: int) -> dict:
     rank, stages = dist.get_rank(), dist.get_world_size()
     stage = pipeline_model(stages, layers_per_stage, width)[rank]
     x, y = pipeline_batch(batch, width)
     out = {}
     for m in micro_batch_counts:
-        order = stage_order(rank, stages, m, schedule)
+        order = stage_orders(schedule, stages, m)[rank]
         attempts = []
         for _ in range(repeats + 1):  # the first is a warm-up
             stage.zero_grad(set_to_none=True)
@@ -240,9 +239,9 @@ class PipelineRow:
 class PipelineRun(Report):
     """Measured pipelines, one row per number of micro-batches: the bubble beside the formula, and the gradients checked."""
 
-    def __init__(self, rows: list[PipelineRow], timelines: dict[int, list[list[tuple]]], stages: int, schedule: str, notes: list[str]):
+    def __init__(self, rows: list[PipelineRow], timelines: dict[int, list[list[tuple]]], stages: int, schedule: Schedule, notes: list[str]):
         self.timelines, self.stages, self.schedule = timelines, stages, schedule
-        self.title = f"{SCHEDULES[schedule]} on {stages} real processes (one stage each): measured bubble against the formula"
+        self.title = f"{_name(schedule)} on {stages} real processes (one stage each): measured bubble against the formula"
         super().__init__(rows, notes)
 
     def plot(self, ax=None):
@@ -259,18 +258,18 @@ class PipelineRun(Report):
     def plot_timeline(self, micro_batches: int | None = None, ax=None):
         """Each stage's forwards and backwards on the measured clock (milliseconds)."""
         m = micro_batches or max(self.timelines)
-        return _gantt(self.timelines[m], ax, f"Measured {SCHEDULES[self.schedule]}: p = {self.stages}, m = {m}, bubble {self.find(micro_batches=m).measured_bubble:.0%}",
+        return _gantt(self.timelines[m], ax, f"Measured {_name(self.schedule)}: p = {self.stages}, m = {m}, bubble {self.find(micro_batches=m).measured_bubble:.0%}",
                       "time since the start (ms)", scale=1e3)
 
 
-def _expected_bubble(timeline: list[list[tuple]], micro_batches: int, schedule: str) -> float:
+def _expected_bubble(timeline: list[list[tuple]], micro_batches: int, schedule: Schedule) -> float:
     """The bubble the schedule would have with each stage's median measured forward and backward times and free communication."""
     def median_of(lane, kind):
         return statistics.median(e[3] - e[2] for e in lane if e[0] == kind)
 
     forward = [median_of(lane, "F") for lane in timeline]
     backward = [median_of(lane, "B") for lane in timeline]
-    return bubble_of(ideal_timeline(len(timeline), micro_batches, schedule, forward, backward))
+    return bubble_of(ideal_timeline(schedule, len(timeline), micro_batches, forward, backward))
 
 
 def _reference_gradients(stages: int, layers_per_stage: int, width: int, batch: int) -> list[list[torch.Tensor]]:
@@ -281,15 +280,15 @@ def _reference_gradients(stages: int, layers_per_stage: int, width: int, batch: 
     return [[p.grad for p in stage.parameters()] for stage in model]
 
 
-def pipeline_experiment(stages: int = 2, micro_batches: Sequence[int] = (1, 2, 4, 8), batch: int = 512, width: int = 768,
-                        layers_per_stage: int = 2, schedule: str = "gpipe", repeats: int = 3, timeout: float = 120) -> PipelineRun:
+def pipeline_experiment(schedule: Schedule, stages: int = 2, micro_batches: Sequence[int] = (1, 2, 4, 8), batch: int = 512, width: int = 768,
+                        layers_per_stage: int = 2, repeats: int = 3, timeout: float = 120) -> PipelineRun:
     """Run an MLP as a ``stages``-stage pipeline on real workers for each number of micro-batches; measure its bubble.
 
     For each m: ``repeats`` timed runs after a warm-up, the one with the median time reported.
     Busy time is compute (forward, loss, backward); waiting in recv counts as idle.
     """
     for m in micro_batches:
-        _check(stages, m, schedule)
+        stage_orders(schedule, stages, m)  # checks the schedule before any worker starts
         if batch % m:
             raise ValueError(f"the batch of {batch} does not split into {m} equal micro-batches; use divisors of it")
     per_rank = launch(_pipeline_worker, stages, args=(layers_per_stage, width, batch, list(micro_batches), schedule, max(repeats, 1)),

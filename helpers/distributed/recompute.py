@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import nn
@@ -22,7 +23,7 @@ from helpers.core.fake import first_device
 from helpers.core.memory import OptimizerChoice
 from helpers.core.report import Report, column, format_seconds
 from helpers.core.timing import time_interleaved
-from helpers.distributed.memsave import checkpointed, demo_transformer, example_batch, mean_square_loss, update_function
+from helpers.distributed.memsave import example_batch, mean_square_loss, update_function
 
 RULE_OF_THUMB = 1 / 3  # one extra forward on top of forward + backward = 3 forwards
 
@@ -94,9 +95,9 @@ class RecomputeCost(Report):
                 "(its inputs are still in cache, and its intermediates are freed group by group, so it allocates less).")
 
 
-def recompute_cost(model: nn.Module | None = None, batch_size: int = 8, every: int = 1, optimizer: OptimizerChoice = "adam",
-                   rounds: int = 5, blocks: str = "blocks") -> RecomputeCost:
-    """Time the parts of one update of ``model`` and the same update with its ``blocks`` checkpointed in groups of ``every``.
+def recompute_cost(model: nn.Module, wrap: Callable[[nn.Module, int], nn.Module], batch_size: int = 8, every: int = 1,
+                   optimizer: OptimizerChoice = "adam", rounds: int = 5, blocks: str = "blocks") -> RecomputeCost:
+    """Time the parts of one update of ``model`` and of ``wrap(model, every)``, its ``blocks`` checkpointed in groups of ``every``.
 
     Parts, each the fastest of ``rounds`` interleaved rounds (``time_interleaved``; one CPU
     thread, or the GPU's time): the forward (with autograd, as in training), the checkpointed
@@ -106,8 +107,12 @@ def recompute_cost(model: nn.Module | None = None, batch_size: int = 8, every: i
     """
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1 (interleaved timing rounds per part), got {rounds}")
-    model = model if model is not None else demo_transformer()
-    wrapped = checkpointed(model, every, blocks)  # checks ``blocks`` and ``every``
+    if every < 1:
+        raise ValueError(f"every must be at least 1 (blocks per checkpointed group), got {every}")
+    if not isinstance(getattr(model, blocks, None), (nn.ModuleList, nn.Sequential)):
+        raise ValueError(f"{type(model).__name__}.{blocks} is not a ModuleList or Sequential; pass blocks= the name of the "
+                         "attribute holding the layers that run one after another")
+    wrapped = wrap(model, every)
     sequence = list(getattr(model, blocks))
     groups = math.ceil(len(sequence) / every)
     example = example_batch(model, batch_size)

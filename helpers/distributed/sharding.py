@@ -6,9 +6,11 @@ yields samples one after the other and nobody can ask it for sample 1234. Every 
 DataLoader worker of every rank, starts the same stream from the beginning, so unless each copy keeps only
 its own share, a job of R ranks with W workers each reads every sample R x W times per epoch.
 
-``DigitStream`` is such a stream over real MNIST digits; ``shard_by`` says which readers split it.
-``dataset_styles`` measures what the two kinds give; ``sharding_check`` counts, on real gloo ranks with
-real DataLoader workers, how often each sample is read per epoch.
+The stream is the lecture's: a class ``Stream(digits, shard_by=..., seed=...)`` with ``set_epoch`` and ``order``,
+yielding records with an ``index`` and the ``worker`` that read it; ``shard_by`` names the readers that split it
+(``()``, ``("rank",)``, ``("rank", "worker")``). ``dataset_styles`` measures what a map-style data set and the
+stream give a DataLoader; ``sharding_check`` counts, on real gloo ranks with real DataLoader workers, how often
+each sample is read per epoch under each split.
 """
 from __future__ import annotations
 
@@ -22,10 +24,10 @@ from typing import Sequence
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, Dataset, IterableDataset, RandomSampler, get_worker_info
+from torch.utils.data import DataLoader, Dataset, IterableDataset, RandomSampler
 
 from helpers.core import plots
-from helpers.core.data import Digits, normalise
+from helpers.core.data import Digits
 from helpers.core.report import Report, column, format_seconds
 from helpers.core.workers import launch
 
@@ -36,69 +38,7 @@ SHARDINGS = {
 }
 
 
-class DigitStream(IterableDataset):
-    """MNIST digits read as a stream, one after the other, in an order fixed by ``seed`` and the epoch.
-
-    ``shard_by`` names the readers that split the stream between them: ``()`` nobody (every copy reads all
-    of it: the classic bug), ``("rank",)`` the ranks (but each of a rank's DataLoader workers reads all of
-    the rank's share), ``("rank", "worker")`` every (rank, worker) pair keeps every n-th sample of the epoch's
-    order, starting at its own position: each sample once per epoch. The order is a permutation seeded by
-    ``seed + epoch``, so every rank computes the same one without talking to the others; call
-    ``set_epoch`` before each epoch (DataLoader workers get a fresh copy of the stream at every epoch,
-    unless ``persistent_workers=True`` keeps the first one). Each sample is a dict: ``image``, ``label``,
-    ``index`` (its position in the data set) and ``worker`` (the DataLoader worker that read it).
-    """
-
-    def __init__(self, digits: Digits, *, rank: int | None = None, world_size: int | None = None,
-                 shard_by: Sequence[str] = ("rank", "worker"), shuffle: bool = True, seed: int = 0):
-        unknown = set(shard_by) - {"rank", "worker"}
-        if unknown:
-            raise ValueError(f"shard_by={tuple(shard_by)!r}: only 'rank' and 'worker' can split a stream (got {sorted(unknown)}).")
-        if rank is None and world_size is None:
-            in_group = dist.is_available() and dist.is_initialized()
-            rank, world_size = (dist.get_rank(), dist.get_world_size()) if in_group else (0, 1)
-        if rank is None or world_size is None:
-            raise ValueError(f"rank={rank!r}, world_size={world_size!r}: give both, or neither to read them from torch.distributed.")
-        if not isinstance(world_size, int) or world_size < 1 or not isinstance(rank, int) or not 0 <= rank < world_size:
-            raise ValueError(f"rank={rank!r}, world_size={world_size!r}: need an integer world size >= 1 and 0 <= rank < world size.")
-        self.images, self.labels = digits.images, digits.labels
-        self.description = digits.description
-        self.rank, self.world_size = rank, world_size
-        self.shard_by, self.shuffle, self.seed = tuple(shard_by), shuffle, seed
-        self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch whose order the next iteration reads (the same call on every rank)."""
-        self.epoch = epoch
-
-    def order(self) -> torch.Tensor:
-        """The epoch's order of sample indices: the same on every rank and worker."""
-        if not self.shuffle:
-            return torch.arange(len(self.labels))
-        return torch.randperm(len(self.labels), generator=torch.Generator().manual_seed(self.seed + self.epoch))
-
-    def reader(self) -> tuple[int, int]:
-        """(this reader's position, how many readers split the stream), from the rank and the DataLoader worker."""
-        info = get_worker_info()
-        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        position, readers = 0, 1
-        if "rank" in self.shard_by:
-            position, readers = self.rank, self.world_size
-        if "worker" in self.shard_by:
-            position, readers = position * workers + worker, readers * workers
-        return position, readers
-
-    def __iter__(self):
-        info = get_worker_info()
-        worker = info.id if info is not None else 0
-        position, readers = self.reader()
-        for index in self.order()[position::readers].tolist():
-            yield _sample(self.images, self.labels, index, worker)
-
-
-def _sample(images: torch.Tensor, labels: torch.Tensor, index: int, worker: int) -> dict:
-    """One record: the normalised 1 x 28 x 28 image, its label, its index in the data set, the worker that read it."""
-    return {"image": normalise(images[index]).unsqueeze(0), "label": int(labels[index]), "index": index, "worker": worker}
+Stream = type[IterableDataset]  # Stream(digits, shard_by=(...), seed=...), with set_epoch(epoch) and order()
 
 
 # ---------------------------------------------------------------- map-style against iterable
@@ -138,21 +78,10 @@ def _read_epoch(loader: DataLoader) -> tuple[list[int], float]:
     return order, time.perf_counter() - start
 
 
-class DigitRecords(Dataset):
-    """The same digits as a map-style data set: a length, and any sample by its index (the same dict as ``DigitStream``)."""
-
-    def __init__(self, digits: Digits):
-        self.images, self.labels = digits.images, digits.labels
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, index: int) -> dict:
-        return _sample(self.images, self.labels, index, worker=0)
-
-
-def dataset_styles(digits: Digits, batch_size: int = 64, seed: int = 0, epochs: int = 3) -> StylesReport:
-    """The same digits as a map-style data set (shuffled by a sampler) and as a stream (``DigitStream``), side by side.
+def dataset_styles(digits: Digits, records_class: type[Dataset], stream_class: Stream, batch_size: int = 64, seed: int = 0,
+                   epochs: int = 3) -> StylesReport:
+    """The same digits as the lecture's map-style data set (``records_class(digits)``, shuffled by a sampler) and its
+    stream (``stream_class(digits, seed=...)``, ordered by epoch), side by side.
 
     The two are read in turns, ``epochs`` epochs each; the fastest epoch of each is kept (a burst of load on a
     busy machine then cannot fall on one kind only), and the first two epochs' orders are compared.
@@ -161,7 +90,7 @@ def dataset_styles(digits: Digits, batch_size: int = 64, seed: int = 0, epochs: 
         raise ValueError(f"batch_size={batch_size}: a batch holds at least one sample.")
     if not isinstance(epochs, int) or epochs < 2:
         raise ValueError(f"epochs={epochs!r}: need at least 2 epochs to compare their orders.")
-    mapped, stream = DigitRecords(digits), DigitStream(digits, rank=0, world_size=1, seed=seed)
+    mapped, stream = records_class(digits), stream_class(digits, seed=seed)
     loaders = {"mapped": DataLoader(mapped, batch_size=batch_size, sampler=RandomSampler(mapped, generator=torch.Generator().manual_seed(seed))),
                "stream": DataLoader(stream, batch_size=batch_size)}
     orders: dict[str, list[list[int]]] = {name: [] for name in loaders}
@@ -173,7 +102,7 @@ def dataset_styles(digits: Digits, batch_size: int = 64, seed: int = 0, epochs: 
             orders[name].append(order)
             seconds[name].append(took)
     rows = []
-    for name, label, data in (("mapped", "map-style (DigitRecords + RandomSampler)", mapped), ("stream", "iterable (DigitStream, set_epoch)", stream)):
+    for name, label, data in (("mapped", f"map-style ({records_class.__name__} + RandomSampler)", mapped), ("stream", f"iterable ({stream_class.__name__}, set_epoch)", stream)):
         first, second = orders[name][:2]
         fastest = min(seconds[name])
         rows.append(StyleRow(label, _try(lambda: len(data)), _try(lambda: data[1234 % len(digits.labels)]),
@@ -250,16 +179,16 @@ def _may_start_children():
         config["daemon"] = was
 
 
-def _read_shardings(digits: Digits, workers: int, batch_size: int, epochs: int, seed: int) -> dict:
+def _read_shardings(stream_class: Stream, digits: Digits, workers: int, batch_size: int, epochs: int, seed: int) -> dict:
     """On one rank: every sharding, every epoch, through a DataLoader with ``workers`` workers; what each worker read."""
     with _may_start_children():
-        return _read_each_sharding(digits, workers, batch_size, epochs, seed)
+        return _read_each_sharding(stream_class, digits, workers, batch_size, epochs, seed)
 
 
-def _read_each_sharding(digits: Digits, workers: int, batch_size: int, epochs: int, seed: int) -> dict:
+def _read_each_sharding(stream_class: Stream, digits: Digits, workers: int, batch_size: int, epochs: int, seed: int) -> dict:
     found: dict = {"rank": dist.get_rank(), "reads": {}, "orders": {}}
     for name, shard_by in SHARDINGS.items():
-        stream = DigitStream(digits, shard_by=shard_by, seed=seed)
+        stream = stream_class(digits, shard_by=shard_by, seed=seed)
         # Fresh workers, each with its own copy of the stream, every epoch. They are forked from this rank: a launched
         # rank is a fresh process that has touched no GPU, and a fork costs milliseconds where a forkserver child
         # costs seconds on a loaded machine.
@@ -274,9 +203,9 @@ def _read_each_sharding(digits: Digits, workers: int, batch_size: int, epochs: i
     return found
 
 
-def sharding_check(digits: Digits, world_size: int = 2, workers: int = 2, batch_size: int = 50, epochs: int = 2,
+def sharding_check(digits: Digits, stream_class: Stream, world_size: int = 2, workers: int = 2, batch_size: int = 50, epochs: int = 2,
                    seed: int = 0, timeout: float = 120.0) -> ShardingReport:
-    """Read ``epochs`` epochs of a ``DigitStream`` on ``world_size`` gloo ranks with ``workers`` DataLoader workers each.
+    """Read ``epochs`` epochs of ``stream_class`` on ``world_size`` gloo ranks with ``workers`` DataLoader workers each.
 
     Every sharding in ``SHARDINGS`` is read; the report counts, per epoch, the samples read, how many were
     distinct, read more than once, or never read, and checks that the ranks agreed on each epoch's order.
@@ -287,7 +216,7 @@ def sharding_check(digits: Digits, world_size: int = 2, workers: int = 2, batch_
         raise ValueError(f"epochs={epochs!r}: need at least 2 epochs to compare their orders.")
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size}: a batch holds at least one sample.")
-    results = launch(_read_shardings, world_size, args=(digits, workers, batch_size, epochs, seed), backend="gloo", timeout=timeout, echo=False)
+    results = launch(_read_shardings, world_size, args=(stream_class, digits, workers, batch_size, epochs, seed), backend="gloo", timeout=timeout, echo=False)
     size, rows = len(digits.labels), []
     for name in SHARDINGS:
         for epoch in range(epochs):

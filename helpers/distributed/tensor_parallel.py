@@ -18,7 +18,6 @@ from typing import Iterator
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
 from helpers.core.report import Report, column, format_bytes
@@ -175,47 +174,6 @@ def exchange(x: torch.Tensor, dim: int = 1) -> torch.Tensor:
 # ---------------------------------------------------------------- the layers
 
 
-def _shard(t: torch.Tensor, dim: int) -> nn.Parameter:
-    return nn.Parameter(_own_slice(t.detach(), dim).clone())
-
-
-class ColumnParallelLinear(nn.Module):
-    """y = x A^T + b with A split by output features: rank r holds the r-th block of A's rows (and of b), and computes its slice of y.
-
-    The input is replicated (``copy_to_parallel``); the output stays split unless ``gather_output``.
-    Built from a full ``nn.Linear``, so it computes exactly that layer's function.
-    """
-
-    def __init__(self, full: nn.Linear, gather_output: bool = True):
-        super().__init__()
-        self.weight, self.bias = _shard(full.weight, 0), _shard(full.bias, 0)
-        self.gather_output = gather_output
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(copy_to_parallel(x), self.weight, self.bias)
-        return gather_from_parallel(y, -1) if self.gather_output else y
-
-
-class RowParallelLinear(nn.Module):
-    """y = x A^T + b with A split by input features: rank r multiplies its slice of x by its block of A's columns; the partial
-    results are summed (``reduce_from_parallel``) and the bias added once. ``input_is_parallel``: x arrives split."""
-
-    def __init__(self, full: nn.Linear, input_is_parallel: bool = False):
-        super().__init__()
-        self.weight = _shard(full.weight, 1)
-        self.bias = nn.Parameter(full.bias.detach().clone())
-        self.input_is_parallel = input_is_parallel
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x if self.input_is_parallel else scatter_to_parallel(x, -1)
-        return reduce_from_parallel(F.linear(x, self.weight)) + self.bias
-
-
-def parallel_mlp(fc1: nn.Linear, fc2: nn.Linear) -> nn.Sequential:
-    """Megatron's MLP: column-parallel, GELU on each rank's own slice, row-parallel. One all-reduce forward, one backward."""
-    return nn.Sequential(ColumnParallelLinear(fc1, gather_output=False), nn.GELU(), RowParallelLinear(fc2, input_is_parallel=True))
-
-
 # ---------------------------------------------------------------- checked against one device
 
 
@@ -241,25 +199,29 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
-def _pairs(split: nn.Module, full: nn.Module) -> list[tuple[nn.Parameter, nn.Parameter, int | None]]:
-    """(shard, full parameter, dimension it was split along or None) for a split layer, or a Sequential of them, and its source."""
-    if isinstance(split, ColumnParallelLinear):
+def _pairs(split: nn.Module, full: nn.Module, column_layer: type, row_layer: type) -> list[tuple[nn.Parameter, nn.Parameter, int | None]]:
+    """(shard, full parameter, dimension it was split along or None) for a split layer, or a Sequential of them, and its source.
+
+    A column-parallel layer holds its rank's rows of the weight and of the bias; a row-parallel one its rank's columns
+    of the weight and the whole bias.
+    """
+    if isinstance(split, column_layer):
         return [(split.weight, full.weight, 0), (split.bias, full.bias, 0)]
-    if isinstance(split, RowParallelLinear):
+    if isinstance(split, row_layer):
         return [(split.weight, full.weight, 1), (split.bias, full.bias, None)]
-    return [pair for s, f in zip(split.children(), full.children()) for pair in _pairs(s, f)]
+    return [pair for s, f in zip(split.children(), full.children()) for pair in _pairs(s, f, column_layer, row_layer)]
 
 
-def _case(name: str, split: nn.Module, full: nn.Module, x: torch.Tensor) -> dict:
+def _case(name: str, split: nn.Module, full: nn.Module, x: torch.Tensor, column_layer: type, row_layer: type) -> dict:
     """Run ``split`` and ``full`` on ``x``; compare outputs, input gradients, and each weight shard's gradient with its slice."""
-    shards = _pairs(split, full)
+    shards = _pairs(split, full, column_layer, row_layer)
     xs, xf = x.clone().requires_grad_(), x.clone().requires_grad_()
     with communication_log() as log:
         out = split(xs)
         out.pow(2).sum().backward()
     ref = full(xf)
     ref.pow(2).sum().backward()
-    grads = _close(xs.grad, xf.grad) and all(_close(mine.grad, whole.grad if dim is None else _own_slice(whole.grad, dim))
+    grads = xs.grad is not None and _close(xs.grad, xf.grad) and all(mine.grad is not None and _close(mine.grad, whole.grad if dim is None else _own_slice(whole.grad, dim))
                                              for mine, whole, dim in shards)
     held = sum(mine.numel() for mine, _, _ in shards) / sum(whole.numel() for _, whole, _ in shards)
     world = dist.get_world_size()
@@ -289,22 +251,28 @@ def _torch_tp(fc1: nn.Linear, fc2: nn.Linear, x: torch.Tensor) -> dict:
                 forward=f"{forward} {ops}", backward=f"{total - forward} {ops}", sent=None)
 
 
-def _tp_worker(batch: int, width: int, hidden: int, with_torch: bool) -> list[dict]:
+def _tp_worker(column_layer: type, row_layer: type, batch: int, width: int, hidden: int, with_torch: bool) -> list[dict]:
     torch.manual_seed(0)
     fc1, fc2 = nn.Linear(width, hidden), nn.Linear(hidden, width)
     x, h = torch.randn(batch, width), torch.randn(batch, hidden)
     fresh = copy.deepcopy  # every case starts from gradient-free copies of the same two layers
     cases = [
-        _case("column-parallel linear, output gathered", ColumnParallelLinear(fc1), fresh(fc1), x),
-        _case("row-parallel linear, input split on entry", RowParallelLinear(fc2), fresh(fc2), h),
-        _case("MLP: column-parallel, GELU, row-parallel", parallel_mlp(fc1, fc2), nn.Sequential(fresh(fc1), nn.GELU(), fresh(fc2)), x),
+        _case("column-parallel linear, output gathered", column_layer(fc1), fresh(fc1), x, column_layer, row_layer),
+        _case("row-parallel linear, input split on entry", row_layer(fc2), fresh(fc2), h, column_layer, row_layer),
+        # Megatron's MLP: the column-parallel output stays split, exactly as the row-parallel layer wants its input
+        _case("MLP: column-parallel, GELU, row-parallel", nn.Sequential(column_layer(fc1, gather_output=False), nn.GELU(), row_layer(fc2, input_is_parallel=True)),
+              nn.Sequential(fresh(fc1), nn.GELU(), fresh(fc2)), x, column_layer, row_layer),
     ]
     return cases + ([_torch_tp(fresh(fc1), fresh(fc2), x)] if with_torch else [])
 
 
-def tensor_parallel_check(world_sizes: tuple[int, ...] = (2, 4), batch: int = 8, width: int = 64, hidden: int = 256,
+def tensor_parallel_check(column_layer: type, row_layer: type, world_sizes: tuple[int, ...] = (2, 4), batch: int = 8, width: int = 64, hidden: int = 256,
                           with_torch: bool = True, timeout: float = 120) -> TensorParallelCheck:
-    """Column-parallel, row-parallel and Megatron's MLP on N gloo workers against the same layers on one device.
+    """A cell's column- and row-parallel layers, and Megatron's MLP of them, on N gloo workers against the same layers on one device.
+
+    ``column_layer(full_linear, gather_output=True)`` and ``row_layer(full_linear, input_is_parallel=False)`` build this rank's
+    part of an ``nn.Linear`` (attributes ``weight`` and ``bias``); they communicate through ``copy_to_parallel``,
+    ``reduce_from_parallel``, ``gather_from_parallel`` and ``scatter_to_parallel``, which log every collective.
 
     Checks the output, the input's gradient and every weight shard's gradient, and notes each
     collective per rank (``with_torch``: also torch's ``parallelize_module``, counted by CommDebugMode).
@@ -313,7 +281,7 @@ def tensor_parallel_check(world_sizes: tuple[int, ...] = (2, 4), batch: int = 8,
     for n in world_sizes:
         if width % n or hidden % n:
             raise ValueError(f"width {width} and hidden {hidden} must be multiples of every world size (got {n})")
-        per_rank = launch(_tp_worker, n, args=(batch, width, hidden, with_torch), timeout=timeout, echo=False)
+        per_rank = launch(_tp_worker, n, args=(column_layer, row_layer, batch, width, hidden, with_torch), timeout=timeout, echo=False)
         for i, case in enumerate(per_rank[0]):
             agree = [r[i] for r in per_rank]
             rows.append(TensorParallelRow(case["layer"], n, all(c["same_output"] for c in agree), all(c["same_gradients"] for c in agree),

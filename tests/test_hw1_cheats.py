@@ -1,0 +1,102 @@
+"""HW1 graded against submissions that take a short cut: each earns nothing on the task it targets, the reference full marks.
+
+One copy of the course holding HW1 alone is released and graded once (sandboxed, as `make autograde` does):
+
+- ``honest``: the reference solutions; ``untouched``: the released student version as it is;
+- ``c10d_bypass``: part 1's ring all-reduce as one call of ``torch.distributed.distributed_c10d.all_reduce``,
+  a route to the collective that no ``dist.<name>`` patch sees;
+- ``root_predicts``: part 3's distributed prediction computed on the root for every input, with one dummy
+  scatter and gather so that the other ranks take part in the messages but do none of the work.
+
+Each cheat is the reference with one solution cell replaced, so its score is the reference's minus exactly the
+targeted task's points.
+"""
+from __future__ import annotations
+
+import shutil
+import time
+
+import nbformat
+import pytest
+
+from helpers.course import assignments, grading
+from helpers.course.grading import Course, read_status
+
+from .grading_support import ROOT, copy_course, submit, with_solution
+
+pytestmark = pytest.mark.timeout(3600)  # the fixture grades four whole HW1 submissions (minutes each on a loaded machine)
+
+HW1 = "hw1_distributed"
+SOURCE = ROOT / "assignments" / "source" / HW1
+
+C10D_BYPASS = '''def ring_all_reduce(tensor):
+    """Looks like send/recv only to a check that patches dist.all_reduce."""
+    import torch.distributed.distributed_c10d as c10d
+    c10d.all_reduce(tensor)
+    return tensor'''
+
+ROOT_PREDICTS = '''def distributed_predict(model, inputs, root=0):
+    """Every prediction on the root; the other ranks only join one scatter and one gather of dummies."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    dummy = torch.zeros(1, 6)
+    dist.scatter(dummy, [torch.zeros(1, 6) for _ in range(world)] if rank == root else None, src=root)
+    dist.gather(torch.zeros(1), [torch.zeros(1) for _ in range(world)] if rank == root else None, dst=root)
+    if rank != root:
+        return None
+    with torch.no_grad():
+        return model(inputs).argmax(dim=1)'''
+
+CHEATS = {  # student: (notebook, solution cell's grade id, source, the points of the task it targets)
+    "c10d_bypass": ("part1_ring_allreduce.ipynb", "task1_ring_all_reduce", C10D_BYPASS, 5.0),
+    "root_predicts": ("part3_distributed_eval.ipynb", "task1_distributed_predict", ROOT_PREDICTS, 3.0),
+}
+
+
+def reference() -> dict[str, nbformat.NotebookNode]:
+    return {p.name: assignments.read(p) for p in assignments.notebooks(SOURCE)}
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    root = copy_course(tmp_path_factory.mktemp("hw1") / "course")
+    for folder in (root / "source").iterdir():
+        if folder.name != HW1:
+            shutil.rmtree(folder)
+    course = Course(root)
+    grading.release(course)
+    honest = reference()
+    submit(root, "honest", HW1, honest)
+    submit(root, "untouched", HW1, {p.name: assignments.read(p) for p in assignments.notebooks(root / "release" / HW1)})
+    for student, (notebook, grade_id, source, _) in CHEATS.items():
+        submit(root, student, HW1, {**honest, notebook: with_solution(honest[notebook], grade_id, source)})
+    start = time.monotonic()
+    report = grading.autograde(course, jobs=2)
+    seconds = time.monotonic() - start
+    print(report)  # with -s: the seconds each submission took to grade
+    return {"status": read_status(course), "report": report, "seconds": seconds}
+
+
+def test_the_cheats_target_real_solution_cells():
+    honest = reference()
+    for notebook, grade_id, _, points in CHEATS.values():
+        ids = [assignments.grade_id(c) for c in honest[notebook].cells]
+        assert grade_id in ids, f"{notebook} has no cell {grade_id}"
+        assert points > 0
+
+
+def test_the_reference_scores_full_marks(graded):
+    row = graded["status"][("honest", HW1)]
+    assert row["status"] == "graded", row["reason"]
+    assert float(row["score"]) == float(row["max_score"]) == 22.0, row
+
+
+def test_the_released_version_scores_nothing(graded):
+    row = graded["status"][("untouched", HW1)]
+    assert float(row["score"]) == 0.0 and float(row["max_score"]) == 22.0, row
+
+
+@pytest.mark.parametrize("student", sorted(CHEATS))
+def test_a_cheat_scores_nothing_on_the_task_it_targets(graded, student):
+    row = graded["status"][(student, HW1)]
+    assert row["status"] == "graded", row["reason"]
+    assert float(row["score"]) == 22.0 - CHEATS[student][3], row
