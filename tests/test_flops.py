@@ -10,8 +10,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from helpers import profile_ops
-from helpers.hardware.flops import flop_counter
 from helpers.core.models import BasicFCModel, LeNet, alexnet_2012, transformer_lm
+from helpers.hardware.flops import flop_counter
 
 matplotlib.use("Agg")
 
