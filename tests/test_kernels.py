@@ -5,7 +5,7 @@ import psutil
 import pytest
 import torch
 
-from helpers.hardware import gpu_kernel_timings, kernel_matmul, kernel_source, launch_plan, matmul_kernels, memory_levels, memory_spaces, triton_check
+from helpers.hardware import gpu_kernel_timings, kernel_matmul, launch_plan, matmul_kernels, memory_levels, memory_spaces, triton_check
 from helpers.hardware.kernels import CPU_KERNELS, GPU_KERNELS, KernelPoint, KernelTimings, panel_rows_for, triton_available
 
 ODD_SHAPES = [(37, 45, 29), (1, 7, 1), (65, 130, 17)]  # (m, k, n): no multiple of any block or panel
@@ -75,14 +75,6 @@ def test_triton_check_rejects_bad_sizes():
 def test_bad_inputs_get_clear_errors(a, b, kernel, error, message):
     with pytest.raises(error, match=message):
         kernel_matmul(a, b, kernel)
-
-
-def test_kernel_sources_are_the_kernels():
-    assert "tl.dot" in kernel_source("triton tiled")
-    assert "tl.dot" not in kernel_source("triton naive")
-    assert "def blocked_ikj" in kernel_source("blocked")
-    with pytest.raises(ValueError, match="unknown kernel"):
-        kernel_source("fastest")
 
 
 def test_cpu_timings_report_holds_every_kernel_and_the_library():
