@@ -18,6 +18,7 @@ SHARED = [  # (notebook, module file, names defined in both)
     ("03-gpu-programming-model.ipynb", "helpers/hardware/triton_kernels.py",
      ["naive_matmul_kernel", "naive_matmul", "tiled_matmul_kernel", "tiled_matmul"]),
     ("03-gpu-programming-model.ipynb", "helpers/hardware/cpu_kernels.py", ["naive_ijk", "reordered_ikj", "blocked_ikj"]),
+    ("02-hardware-ecosystem.ipynb", "helpers/core/models.py", ["LeNet", "BasicFCModel"]),
 ]
 
 
