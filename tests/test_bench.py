@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from helpers.core.device import peak_flops
-from helpers.core.report import startswith
 from helpers.core.timing import timeit
 from helpers.hardware import (
     batch_throughput,
@@ -115,40 +114,98 @@ def test_transfer_sweep_on_the_cpu_explains_and_measures_host_copies(capsys):
     assert report.rows[0].pinned_gbs is None and report.rows[0].host_copy_gbs > 0
 
 
-def test_overlap_on_the_cpu_measures_the_sequential_cost(capsys):
-    report = copy_compute_overlap("cpu", batches=2, batch_mib=4, compute_n=192)
+def test_overlap_times_each_strategy_it_is_given(capsys):
+    host, target = torch.randn(2**18), torch.empty(2**18)
+    weight = torch.randn(64, 64)
+    strategies = {"copies only": lambda: target.copy_(host), "compute only": lambda: weight @ weight,
+                  "copy then compute": lambda: (target.copy_(host), weight @ weight)}
+    report = copy_compute_overlap(strategies, "cpu", min_run_time=0.02)
     _one_notice(capsys)
-    copy, compute = report.find(strategy=startswith("copies only")).seconds, report.find(strategy=startswith("compute only")).seconds
-    sequential = report.find(strategy="copy then compute (measured)").seconds
-    assert report.find(strategy=startswith("sum of the two")).seconds == pytest.approx(copy + compute)
-    # on a CPU nothing overlaps: the timed loop costs about the sum of its parts, measured apart (wide margins: a loaded machine)
-    assert 0.4 < sequential / (copy + compute) < 2.5
-    assert sequential > 0.6 * max(copy, compute)
+    assert [r.strategy for r in report.rows] == list(strategies)
+    seconds = {r.strategy: r.seconds for r in report.rows}
+    assert seconds["copy then compute"] > max(seconds["copies only"], seconds["compute only"]) > 0  # on a CPU nothing overlaps
+    assert "faster than copy then compute" in report.sentences()
+    with pytest.raises(TypeError, match="name -> function"):
+        copy_compute_overlap({"x": 1}, "cpu")
 
 
-def test_cudnn_demo_on_the_cpu_compares_onednn_on_and_off(capsys):
-    report = cudnn_benchmark_demo("cpu", batch=2, channels=8, size=16, filters=8)
+def test_cudnn_demo_times_the_cells_steps_with_the_switch_off_and_on(capsys):
+    conv, x = torch.nn.Conv2d(8, 8, 3, padding=1), torch.randn(2, 8, 16, 16, requires_grad=True)
+    seen = []
+
+    def autotuning(on):
+        seen.append(on)
+        torch.backends.mkldnn.enabled = on
+
+    report = cudnn_benchmark_demo(lambda: conv(x), lambda: conv(x).sum().backward(), autotuning, "cpu")
     _one_notice(capsys)
+    assert seen == [False, True]
     assert [r.setting for r in report.rows] == ["oneDNN (mkldnn) off", "oneDNN (mkldnn) on"]
     off, on = report.rows
     assert report.forward_speedup > 0 and (report.forward_speedup > 1) == (on.forward_seconds < off.forward_seconds)
     assert torch.backends.mkldnn.enabled  # the switch is restored
 
 
-def test_allocator_demo_on_the_cpu_shows_resident_memory(capsys):
-    report = caching_allocator_demo("cpu", mib=64)
+def test_allocator_demo_on_the_cpu_reads_resident_memory_at_each_stage(capsys):
+    def experiment(read):
+        read("before")
+        x = torch.ones(64 * 2**20 // 4)
+        read("allocated")
+        del x
+        read("freed")
+
+    report = caching_allocator_demo(experiment, "cpu")
     _one_notice(capsys)
+    assert [r.stage for r in report.rows] == ["before", "allocated", "freed"]
     before, allocated, freed = (r.reserved_bytes for r in report.rows)
     assert allocated - before > 48 * 2**20  # the 64 MiB tensor shows up in the process's memory
     assert allocated - freed > 48 * 2**20  # and a large free goes back to the OS at once
+    with pytest.raises(ValueError, match="never called read"):
+        caching_allocator_demo(lambda read: None, "cpu")
 
 
-def test_mistakes_on_the_cpu_show_the_warm_up_cost(capsys):
-    report = benchmark_mistakes("cpu", n=128, steps=5)
+def test_mistakes_keep_the_median_of_each_sides_readings(capsys):
+    wrong, right = iter([5.0, 1.0, 3.0]), iter([0.5, 0.4, 0.9])
+    report = benchmark_mistakes({"no warm-up": (lambda: next(wrong), lambda: next(right))}, repeats=3, device="cpu")
     _one_notice(capsys)
-    assert len(report.rows) == 3
-    warm_up = report.find(mistake="no warm-up")
-    assert warm_up.wrong_seconds > warm_up.right_seconds  # the first step also allocates Adam's state
+    row = report.find(mistake="no warm-up")
+    assert (row.wrong_seconds, row.right_seconds) == (3.0, 0.5) and row.ratio == pytest.approx(6.0)
+    assert "overstated 6.0x" in report.sentences()
+    same = benchmark_mistakes({"none": (lambda: 1.0, lambda: 1.05)}, repeats=1, device="cpu")
+    assert "cost nothing" in same.sentences()
+    with pytest.raises(TypeError, match="not seconds"):
+        benchmark_mistakes({"bad": (lambda: None, lambda: 1.0)}, device="cpu")
+
+
+def test_mistakes_catch_a_real_first_step_cost(capsys):
+    """A fresh model's first Adam step allocates its state: timed alone it reads slower than a warm step."""
+    def fresh_step():
+        net = torch.nn.Linear(512, 512)
+        optimizer = torch.optim.Adam(net.parameters())
+        x = torch.randn(32, 512)
+
+        def step():
+            optimizer.zero_grad()
+            net(x).square().mean().backward()
+            optimizer.step()
+        return step
+
+    def first_step():
+        step = fresh_step()
+        start = time.perf_counter()
+        step()
+        return time.perf_counter() - start
+
+    def warm_step():
+        step = fresh_step()
+        step()
+        start = time.perf_counter()
+        step()
+        return time.perf_counter() - start
+
+    report = benchmark_mistakes({"no warm-up": (first_step, warm_step)}, repeats=7, device="cpu")
+    row = report.rows[0]
+    assert row.wrong_seconds > row.right_seconds
 
 
 def test_shape_effect_on_the_cpu_times_n_and_n_minus_one(capsys):

@@ -6,10 +6,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from helpers import profile_ops
 from helpers.core.models import BasicFCModel, LeNet, alexnet_2012, transformer_lm
+from helpers.hardware.flops import flop_counter
 
 matplotlib.use("Agg")
 
@@ -71,8 +73,8 @@ def test_flops_equal_flop_counter_mode_on_the_real_model(name):
     torch.manual_seed(0)
     model = build().eval()
     x = make_input(model)
-    with FlopCounterMode(display=False) as counter, torch.no_grad():
-        model(x)
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter, torch.no_grad():
+        model(x)  # attention as two plain matrix products, which FlopCounterMode counts without help
     expected = counter.get_total_flops()
     report = profile_ops(model, x, convention="flops")
     assert expected > 0 and report.total == expected
@@ -131,9 +133,9 @@ def test_bad_arguments_say_what_to_do():
 
 
 def _flop_counter_total(model: nn.Module, *inputs) -> int:
-    """FlopCounterMode on real tensors, in train mode: the path a training forward takes."""
+    """FlopCounterMode on real tensors, in train mode, attention run as two plain matrix products (math backend)."""
     model.train()
-    with FlopCounterMode(display=False) as counter:
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
         model(*inputs)
     return counter.get_total_flops()
 
@@ -153,3 +155,46 @@ def test_a_whole_nn_transformer_counts_what_flop_counter_mode_counts():
     model = nn.Transformer(64, 4, 2, 2, 128, batch_first=True)
     src, tgt = torch.randn(2, 10, 64), torch.randn(2, 7, 64)
     assert profile_ops(model, (src, tgt), convention="flops").total == _flop_counter_total(model, src, tgt)
+
+
+class BareAttention(nn.Module):
+    """Scaled-dot-product attention and nothing else: its FLOPs are the two products only."""
+
+    def forward(self, q, k, v):
+        return F.scaled_dot_product_attention(q, k, v)
+
+
+def test_fused_attention_counts_its_two_products_by_hand():
+    """Q @ K^T and scores @ V: 2 * B * H * L * L * D FLOPs each (a multiply-add is 2), however the kernel is fused."""
+    b, h, length, d = 2, 3, 40, 16
+    q, k, v = (torch.randn(b, h, length, d) for _ in range(3))
+    by_hand = 2 * (2 * b * h * length * length * d)
+    assert profile_ops(BareAttention(), (q, k, v), convention="flops").total == by_hand
+    with FlopCounterMode(display=False) as plain:  # torch alone: the fused CPU kernel counts nothing
+        BareAttention()(q, k, v)
+    assert plain.get_total_flops() == 0, "torch now counts the CPU kernel: flops.flop_counter's addition can go"
+    with flop_counter() as counted:
+        BareAttention()(q, k, v)
+    assert counted.get_total_flops() == by_hand
+
+
+def test_fused_attention_backward_counts_five_products():
+    """Backward, as torch counts it: the scores recomputed (a fused kernel keeps none), then the gradients of the
+    scores, of V, of Q and of K: five B*H*L*L*D products of 2 FLOPs per multiply-add, after the forward's two."""
+    b, h, length, d = 1, 2, 24, 8
+    q, k, v = (torch.randn(b, h, length, d, requires_grad=True) for _ in range(3))
+    with flop_counter() as counted:
+        BareAttention()(q, k, v).sum().backward()
+    assert counted.get_total_flops() == (2 + 5) * (2 * b * h * length * length * d)
+
+
+def test_vit_b16_counts_its_attention():
+    """torchvision's ViT-B/16 at 224 px: 35.13 GFLOPs with attention (33.70 without, which a CPU used to give)."""
+    vit = pytest.importorskip("torchvision.models").vit_b_16(weights=None)
+    report = profile_ops(vit, (1, 3, 224, 224), convention="flops")
+    attention = 12 * 2 * (2 * 12 * 197 * 197 * 64)  # 12 blocks, 12 heads of 64, 197 tokens (196 patches + class)
+    assert report.total == pytest.approx(35.13e9, rel=1e-3)
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as plain, torch.no_grad():
+        vit.train()(torch.randn(1, 3, 224, 224))
+    assert plain.get_total_flops() == report.total
+    assert report.total - attention == pytest.approx(33.70e9, rel=1e-3)

@@ -1,11 +1,15 @@
 """The teaching kernels: naive, reordered and blocked CPU loops, the Triton pair, their checks, timings and memory spaces."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import psutil
 import pytest
 import torch
 
-from helpers.hardware import gpu_kernel_timings, kernel_matmul, kernel_source, launch_plan, matmul_kernels, memory_levels, memory_spaces, triton_check
+from helpers.hardware import gpu_kernel_timings, kernel_matmul, launch_plan, matmul_kernels, memory_levels, memory_spaces, triton_check
 from helpers.hardware.kernels import CPU_KERNELS, GPU_KERNELS, KernelPoint, KernelTimings, panel_rows_for, triton_available
 
 ODD_SHAPES = [(37, 45, 29), (1, 7, 1), (65, 130, 17)]  # (m, k, n): no multiple of any block or panel
@@ -75,14 +79,6 @@ def test_triton_check_rejects_bad_sizes():
 def test_bad_inputs_get_clear_errors(a, b, kernel, error, message):
     with pytest.raises(error, match=message):
         kernel_matmul(a, b, kernel)
-
-
-def test_kernel_sources_are_the_kernels():
-    assert "tl.dot" in kernel_source("triton tiled")
-    assert "tl.dot" not in kernel_source("triton naive")
-    assert "def blocked_ikj" in kernel_source("blocked")
-    with pytest.raises(ValueError, match="unknown kernel"):
-        kernel_source("fastest")
 
 
 def test_cpu_timings_report_holds_every_kernel_and_the_library():
@@ -169,3 +165,58 @@ def test_launch_plans_cover_every_output_and_tiles_read_less():
     assert larger.loads_from_global < plans.find(kernel="triton tiled", n=256).loads_from_global
     with pytest.raises(ValueError, match="positive integers"):
         launch_plan([0])
+
+
+def test_timings_measure_the_kernels_they_are_given():
+    """A notebook's own kernels are what gets timed and checked: a wrong one shows its error, and only given names appear."""
+    calls = []
+
+    def off_by_one(a, b):
+        calls.append(a.shape)
+        return a @ b + 1
+
+    report = matmul_kernels([24], device="cpu", rows=5, min_run_time=0.01, rounds=1,
+                            kernels={"reordered": lambda a, b: kernel_matmul(a, b, "reordered"), "off by one": off_by_one})
+    assert {r.kernel for r in report.rows} == {"reordered", "off by one", report.library}
+    assert report.find(kernel="off by one").max_error == pytest.approx(1.0, abs=1e-4)
+    assert report.find(kernel="reordered").max_error < 1e-4
+    assert calls and calls[0] == (5, 24)
+
+
+def test_triton_check_of_given_kernels_names_the_fix_when_they_cannot_run_on_a_cpu(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    if not triton_available()[0] or torch.cuda.is_available():
+        pytest.skip("needs triton and no GPU: the path where compiled kernels meet CPU tensors")
+
+    def compiled_only(a, b):
+        raise ValueError("Pointer argument cannot be accessed from Triton (cpu tensor?)")
+
+    with pytest.raises(RuntimeError, match="triton_for"):
+        triton_check({"mine": compiled_only}, m=3, n=3, k=3, device="cpu")
+
+
+@pytest.mark.skipif(not triton_available()[0], reason=f"triton is not importable here: {triton_available()[1]}")
+def test_kernels_written_after_triton_for_run_in_process_on_a_cpu(tmp_path):
+    """As Lecture 1b does: triton_for switches the interpreter on, then a kernel defined afterwards runs on CPU tensors."""
+    script = tmp_path / "cell.py"
+    script.write_text(
+        "import torch\n"
+        "from helpers.hardware import triton_check, triton_for\n"
+        "triton, tl = triton_for('cpu')\n"
+        "@triton.jit\n"
+        "def double(x_ptr, y_ptr, n, BLOCK: tl.constexpr):\n"
+        "    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)\n"
+        "    inside = offsets < n\n"
+        "    tl.store(y_ptr + offsets, 2 * tl.load(x_ptr + offsets, mask=inside), mask=inside)\n"
+        "x = torch.arange(10.0)\n"
+        "y = torch.empty(10)\n"
+        "double[(3,)](x, y, 10, BLOCK=4)\n"
+        "assert torch.equal(y, 2 * x), y\n"
+        "from helpers.hardware import triton_kernels\n"
+        "check = triton_check({'naive': triton_kernels.naive_matmul, 'tiled': triton_kernels.tiled_matmul}, m=9, n=7, k=5, device='cpu')\n"
+        "assert all(r.agrees for r in check.rows) and 'interpreter' in check.rows[0].mode, check\n"
+        "print('ok')\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "interpreter" in done.stdout and done.stdout.strip().endswith("ok")

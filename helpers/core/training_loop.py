@@ -98,13 +98,16 @@ def train(
     lr: float = 0.01,
     max_steps: int | None = None,
     progress: bool = True,
+    step: Callable[[nn.Module, torch.optim.Optimizer, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> TrainReport:
     """Train ``model`` on ``loader`` for ``epochs`` on ``device`` and report waiting vs computing time.
 
     The model is moved to the device before the optimizer is built (default: SGD
     with momentum 0.9 at ``lr``); each batch follows with ``non_blocking=True``
     on a GPU, which overlaps the copy only when the loader pins memory.
-    ``max_steps`` caps the steps per epoch (for quick runs).
+    ``max_steps`` caps the steps per epoch (for quick runs). ``step``: a notebook's own
+    training step, ``step(model, optimizer, inputs, targets)`` returning the loss, used
+    instead of the kit's (then ``loss_fn`` is the step's business).
     """
     device = pick_device(device)
     model.to(device).train()
@@ -120,10 +123,13 @@ def train(
         epoch_losses, samples = [], 0
         synchronize(device)
         ready = time.perf_counter()
-        for step, (inputs, targets) in enumerate(loader, start=1):
+        for index, (inputs, targets) in enumerate(loader, start=1):
             arrived = time.perf_counter()
             inputs, targets = inputs.to(device, non_blocking=non_blocking), targets.to(device, non_blocking=non_blocking)
-            loss = training_step(model, optimizer, inputs, lambda output, targets=targets: loss_fn(output, targets))
+            if step is None:
+                loss = training_step(model, optimizer, inputs, lambda output, targets=targets: loss_fn(output, targets))
+            else:
+                loss = step(model, optimizer, inputs, targets)
             synchronize(device)
             value = loss.item()
             done = time.perf_counter()
@@ -134,7 +140,7 @@ def train(
             bar.set_postfix_str(f"epoch {epoch}/{epochs}, loss {value:.3f}", refresh=False)
             bar.update()
             ready = time.perf_counter()
-            if step == steps_per_epoch:
+            if index == steps_per_epoch:
                 break
         if not epoch_losses:
             raise ValueError(f"the loader yielded no batches in epoch {epoch}: check its data set is not empty (and drop_last with fewer samples than a batch).")
@@ -199,6 +205,7 @@ def train_on_devices(
     subset: int | None = None,
     num_workers: int = 0,
     progress: bool = True,
+    step: Callable[[nn.Module, torch.optim.Optimizer, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> DeviceComparison:
     """Train one model (same initial weights, same data) on the CPU, on one GPU, and with DataParallel.
 
@@ -206,6 +213,7 @@ def train_on_devices(
     work per step to be busy. Each setup first trains two untimed steps on a
     throwaway copy, so one-off start-up costs are not billed to it. Without a
     GPU, or with fewer than two, the missing setups are named in a notice instead.
+    ``model_fn`` and ``step`` may be a notebook's own network and training step (see ``train``).
     """
     initial = model_fn()
     setups = [("CPU", "cpu", cpu_batch_size)]
@@ -222,8 +230,8 @@ def train_on_devices(
     for setup, device, batch_size in setups:
         loader = make_MNIST_loader(batch_size=batch_size, num_workers=num_workers, subset=subset, verbose=not reports)
         fresh = (lambda: nn.DataParallel(copy.deepcopy(initial).to(device))) if setup.startswith("DataParallel") else (lambda: copy.deepcopy(initial))
-        train(fresh(), loader, 1, device, max_steps=2, progress=False)  # untimed warm-up: CUDA context, kernel choice, allocations
-        report = train(fresh(), loader, epochs, device, max_steps=max_steps, progress=progress)
+        train(fresh(), loader, 1, device, max_steps=2, progress=False, step=step)  # untimed warm-up: CUDA context, kernel choice, allocations
+        report = train(fresh(), loader, epochs, device, max_steps=max_steps, progress=progress, step=step)
         reports[setup] = report
         rows.append(DeviceRun(setup, str(report.device), batch_size, report.steps, report.total_s, report.samples_per_s, report.waiting_share, report.final_loss))
     return DeviceComparison(rows, reports, notices)

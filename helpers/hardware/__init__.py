@@ -23,5 +23,5 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     ".sparsity": ["sparse_matmul"],
     ".workingset": ["estimate_training_for", "memory_levels"],
     ".hierarchy": ["memory_spaces"],
-    ".kernels": ["gpu_kernel_timings", "kernel_matmul", "kernel_source", "launch_plan", "matmul_kernels", "triton_check"],
+    ".kernels": ["gpu_kernel_timings", "kernel_matmul", "launch_plan", "matmul_kernels", "triton_check", "triton_for"],
 })

@@ -1,7 +1,8 @@
-"""The caching allocator: memory_allocated against memory_reserved as tensors come and go (Lecture 1)."""
+"""The caching allocator: memory_allocated against memory_reserved, read while a notebook's code allocates and frees (Lecture 1)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import psutil
 import torch
@@ -33,36 +34,28 @@ class AllocatorDemo(Report):
         )
 
 
-def caching_allocator_demo(device: str | torch.device | None = None, mib: int = 256) -> AllocatorDemo:
-    """Allocate ``mib`` MiB, free it, then empty the cache, reading the allocator at each stage.
+def caching_allocator_demo(experiment: Callable[[Callable[[str], None]], object], device: str | torch.device | None = None) -> AllocatorDemo:
+    """Run ``experiment(read)``, which allocates and frees tensors and calls ``read(stage)`` after each step.
 
-    On a GPU, ``del`` returns the block to PyTorch's caching allocator, not to the
-    driver: memory_allocated drops, memory_reserved does not until empty_cache().
-    On a CPU there is no such cache; the CPU side shows the process's resident
+    On a GPU each reading is the caching allocator's ``memory_allocated`` (bytes in live
+    tensors) and ``memory_reserved`` (bytes it holds from the driver, what nvidia-smi
+    shows). On a CPU there is no such cache; the CPU side reads the process's resident
     memory (RSS), which large frees give back to the OS at once.
     """
+    if not callable(experiment):
+        raise TypeError(f"caching_allocator_demo: experiment must be a function taking read(stage), got {type(experiment).__name__}")
     device = pick_device(device)
     notice = gpu_notice("the CUDA caching allocator", device)
-    numel = mib * 2**20 // 4
-    if is_gpu(device):
-        def read(stage: str) -> MemoryReading:
-            return MemoryReading(stage, torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device))
-        torch.cuda.empty_cache()
-        readings = [read("before")]
-        x = torch.ones(numel, device=device)
-        readings.append(read(f"after allocating {mib} MiB"))
-        del x
-        readings.append(read("after del"))
-        torch.cuda.empty_cache()
-        readings.append(read("after empty_cache()"))
-    else:
-        process = psutil.Process()
+    readings: list[MemoryReading] = []
+    process = psutil.Process()
 
-        def read(stage: str) -> MemoryReading:
-            return MemoryReading(stage, None, process.memory_info().rss)
-        readings = [read("before")]
-        x = torch.ones(numel)
-        readings.append(read(f"after allocating {mib} MiB"))
-        del x
-        readings.append(read("after del"))
+    def read(stage: str) -> None:
+        if is_gpu(device):
+            readings.append(MemoryReading(str(stage), torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device)))
+        else:
+            readings.append(MemoryReading(str(stage), None, process.memory_info().rss))
+
+    experiment(read)
+    if not readings:
+        raise ValueError("caching_allocator_demo: the experiment never called read(stage), so there is nothing to show")
     return AllocatorDemo(readings, notice=notice)

@@ -1,7 +1,8 @@
-"""cuDNN autotuning: a convolution timed with torch.backends.cudnn.benchmark off and on (Lecture 1)."""
+"""cuDNN autotuning: a notebook's convolution timed with its switch (torch.backends.cudnn.benchmark) off and on (Lecture 1)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -42,33 +43,23 @@ class ConvAutotune(Report):
         )
 
 
-def _time_conv(conv: torch.nn.Module, x: torch.Tensor, device: torch.device, setting: str) -> ConvTiming:
-    def forward_backward():
-        conv(x).sum().backward()
+def cudnn_benchmark_demo(forward: Callable[[], object], forward_backward: Callable[[], object], autotuning: Callable[[bool], None],
+                         device: str | torch.device | None = None, labels: tuple[str, str] | None = None) -> ConvAutotune:
+    """Time a notebook's convolution steps with its ``autotuning(on)`` switch off, then on.
 
-    with torch.no_grad():
-        forward = timeit(conv, x, device=device, min_run_time=0.2).median
-    return ConvTiming(setting, forward, timeit(forward_backward, device=device, min_run_time=0.2).median)
-
-
-def cudnn_benchmark_demo(device: str | torch.device | None = None, batch: int = 32, channels: int = 64, size: int = 64, filters: int = 64) -> ConvAutotune:
-    """Time a 3x3 convolution (``filters`` filters on a batch x channels x size x size input).
-
-    On a GPU: ``torch.backends.cudnn.benchmark`` off (cuDNN's heuristic picks an
-    algorithm) vs on (the first call tries them all and caches the fastest for this
-    shape). On a CPU: the analogous library switch, oneDNN on vs off.
+    ``autotuning(True)`` is meant to set ``torch.backends.cudnn.benchmark`` on a GPU (the
+    first call with a new shape tries cuDNN's algorithms and keeps the fastest) and the
+    analogous library switch on a CPU (oneDNN). Both global switches are put back as
+    they were afterwards. ``labels``: the two rows' names.
     """
     device = pick_device(device)
     notice = gpu_notice("cudnn.benchmark", device)
-    conv = torch.nn.Conv2d(channels, filters, 3, padding=1).to(device)
-    x = torch.randn(batch, channels, size, size, device=device, requires_grad=True)
-    if is_gpu(device):
-        switch = (torch.backends.cudnn, "benchmark", ("cudnn.benchmark = False", "cudnn.benchmark = True"))
-    else:
-        switch = (torch.backends.mkldnn, "enabled", ("oneDNN (mkldnn) off", "oneDNN (mkldnn) on"))
-    module, attribute, settings = switch
+    labels = labels or (("cudnn.benchmark = False", "cudnn.benchmark = True") if is_gpu(device) else ("oneDNN (mkldnn) off", "oneDNN (mkldnn) on"))
     rows = []
-    for setting, value in zip(settings, (False, True)):
-        with temporarily(module, attribute, value):
-            rows.append(_time_conv(conv, x, device, setting))
+    with temporarily(torch.backends.cudnn, "benchmark", torch.backends.cudnn.benchmark), \
+            temporarily(torch.backends.mkldnn, "enabled", torch.backends.mkldnn.enabled):
+        for label, on in zip(labels, (False, True)):
+            autotuning(on)
+            rows.append(ConvTiming(label, timeit(forward, device=device, min_run_time=0.2).median,
+                                   timeit(forward_backward, device=device, min_run_time=0.2).median))
     return ConvAutotune(rows, notice)

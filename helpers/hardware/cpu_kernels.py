@@ -1,4 +1,8 @@
-"""Three matrix-product loops compiled to machine code with numba, to read, plus a cache-level read probe.
+"""Three matrix-product loops compiled to machine code with numba, plus a cache-level read probe.
+
+The three loops are written and run in Lecture 1b's cells (``03-gpu-programming-model.ipynb``); this module holds
+the same text for ``make bench B=kernels`` and the tests, and ``tests/test_hardware_lecture_code.py`` keeps the two
+identical.
 
 The CPU analogue of the GPU's naive and tiled kernels. All compute C = A @ B on
 float32 arrays (A is M x K, B is K x N, row-major) on one core:
@@ -72,6 +76,3 @@ def read_sum(x, repeats):
         for i in range(x.shape[0]):
             total += x[i]
     return total
-
-
-CPU_KERNELS = {"naive (i-j-k)": naive_ijk, "reordered (i-k-j)": reordered_ikj, "blocked (B panels in L2)": blocked_ikj}

@@ -6,7 +6,9 @@ innermost module running it; its count comes from two sources:
 
 - "flops": torch.utils.flop_counter.FlopCounterMode, so the total is FlopCounterMode's
   own. It counts matrix products and convolutions (2 FLOPs per multiply-accumulate) and
-  nothing else: element-wise work is free in this convention.
+  nothing else: element-wise work is free in this convention. Attention's two products
+  are counted on every device: the fused CPU kernel, which torch has no formula for,
+  gets torch's own SDPA formula (``flop_counter``).
 - "macs": multiply-accumulates, half of FlopCounterMode's count (every operator it
   counts is a sum of products).
 - "classic": the lecture's hand-count: convolution = MACs + 1 per output with a bias;
@@ -24,6 +26,7 @@ from typing import Callable
 
 import torch
 from torch import nn
+from torch.utils import flop_counter as torch_flop_counter
 from torch.utils.flop_counter import FlopCounterMode
 
 from helpers.core import plots
@@ -33,6 +36,43 @@ from helpers.core.torch_adapters.dispatch import TorchDispatchMode, is_view
 
 CONVENTIONS = ("classic", "flops", "macs")
 aten = torch.ops.aten
+
+
+# ---------------------------------------------------------------- attention that FlopCounterMode leaves out
+
+
+def _sdpa_formulas() -> dict:
+    """torch's own SDPA formulas for the fused attention operators its registry has none for (the CPU one among them).
+
+    FlopCounterMode counts the CUDA flash, memory-efficient and cuDNN kernels, but not
+    ``_scaled_dot_product_flash_attention_for_cpu`` (nor the MPS and out-of-tree ones):
+    on a CPU, attention's two matrix products would count 0. Each of these takes query,
+    key and value first (the backward ones: the output's gradient, then query, key, value),
+    as the registered ones do, so the same formulas apply.
+    """
+    forward = ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_fused_attention_overrideable",
+               "_scaled_dot_product_attention_math_for_mps")
+    backward = ("_scaled_dot_product_flash_attention_for_cpu_backward", "_scaled_dot_product_fused_attention_overrideable_backward")
+    formulas = {}
+    for names, formula in ((forward, torch_flop_counter.sdpa_flop), (backward, torch_flop_counter.sdpa_backward_flop)):
+        for name in names:
+            op = getattr(aten, name, None)
+            if op is not None and op not in torch_flop_counter.flop_registry:  # torch's own registration wins once it has one
+                formulas[op] = _already_shape_wrapped(formula)
+    return formulas
+
+
+def _already_shape_wrapped(formula: Callable) -> Callable:
+    """torch's registered formulas already turn tensors into shapes: tell FlopCounterMode not to wrap them again."""
+    def counted(*args, **kwargs):
+        return formula(*args, **kwargs)
+    counted._get_raw = True
+    return counted
+
+
+def flop_counter(**options) -> FlopCounterMode:
+    """A FlopCounterMode that also counts fused attention on every device (``options`` go to FlopCounterMode)."""
+    return FlopCounterMode(**{"display": False, **options}, custom_mapping=_sdpa_formulas())
 
 
 # ---------------------------------------------------------------- the classic convention, one rule per operator
@@ -181,7 +221,8 @@ class OpsProfile(Report):
             listed = ", ".join(f"{name} (x{n})" for name, n in sorted(uncounted.items()))
             notes.append(f"Not counted by the classic convention: {listed}.")
         if convention in ("flops", "macs"):
-            notes.append("Counted by torch.utils.flop_counter.FlopCounterMode: matrix products and convolutions only.")
+            notes.append("Counted by torch.utils.flop_counter.FlopCounterMode: matrix products and convolutions only, "
+                         "attention's two products (Q·Kᵀ and the weighted sum of V) included on every device.")
             missed = sorted({r.type for r in rows if "attention" in r.type and r.flops == 0})
             if missed:
                 notes.append(f"FlopCounterMode counted no FLOPs inside {', '.join(missed)}: a fused kernel it has no formula for; these layers' FLOPs are missing.")
@@ -233,9 +274,9 @@ def profile_ops(model: nn.Module, shape: tuple | ExampleInput | None = None, con
     if convention not in CONVENTIONS:
         raise ValueError(f"unknown convention {convention!r}; choose one of {CONVENTIONS}")
     run = fake_run(model, shape, training=False, prepare=_without_fused_fast_paths)
-    flop_counter = FlopCounterMode(display=False)
-    counter = _OpCounter(run.model, flop_counter)
-    with counter.watching(run.model), run.mode, torch.no_grad(), explain_fake_failures(model, "counted"), flop_counter, counter:
+    flops = flop_counter()
+    counter = _OpCounter(run.model, flops)
+    with counter.watching(run.model), run.mode, torch.no_grad(), explain_fake_failures(model, "counted"), flops, counter:
         run.model(*run.args, **run.kwargs)
     rows = list(counter.rows.values())
     for r in rows:

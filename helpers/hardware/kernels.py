@@ -14,15 +14,15 @@ kernels are checked by ``triton_check()`` in Triton's interpreter (never timed).
 """
 from __future__ import annotations
 
-import inspect
 import json
 import math
 import os
 import subprocess
 import sys
+import types
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -40,6 +40,7 @@ TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 LONG_CALL_S = 0.25  # a call this long is timed in one round only
 NOTICEABLE = 1.15  # a ratio closer to 1 than this is called "within noise" on a busy machine
 DEFAULT_PANEL_L2_BYTES = 256 * 2**10  # L2 size assumed where the OS does not tell (not Linux)
+TILE_SIZES = ("BLOCK_M", "BLOCK_N", "BLOCK_K")  # the tiled Triton kernel's block sizes
 
 
 def triton_available() -> tuple[bool, str]:
@@ -52,6 +53,34 @@ def triton_available() -> tuple[bool, str]:
 
 
 # ---------------------------------------------------------------- running one kernel
+
+
+def triton_for(device: str | torch.device | None = None):
+    """``(triton, triton.language)`` for kernels written in a notebook: compiled on a GPU, interpreted on a CPU.
+
+    Without a GPU, Triton's interpreter (numpy, one program instance after another) must be
+    switched on before triton is first imported, as its own library functions are decorated
+    at import; this sets TRITON_INTERPRET=1 first and says so. Where triton is not installed
+    (torch's macOS and CPU-only wheels), it returns stand-ins that let the kernels be defined,
+    and ``triton_check`` reports them as not run, with the reason.
+    """
+    device = pick_device(device)
+    if not is_gpu(device):
+        if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+            raise RuntimeError("triton was imported in this process before its interpreter was switched on, so kernels "
+                               "cannot run on the CPU here: restart the kernel and call triton_for() before importing triton")
+        os.environ["TRITON_INTERPRET"] = "1"
+    ok, why_not = triton_available()
+    if not ok:
+        print(f"Triton kernels can be read here but not run: {why_not}.")
+        language = types.SimpleNamespace(constexpr=int)
+        return types.SimpleNamespace(jit=lambda fn: fn, cdiv=lambda a, b: -(-a // b), language=language), language
+    import triton
+    import triton.language as tl
+
+    print(f"Triton {triton.__version__}: kernels " + ("compiled for the GPU." if is_gpu(device)
+          else "run in Triton's interpreter on the CPU (TRITON_INTERPRET=1): a check of what they compute, not of speed."))
+    return triton, tl
 
 
 def triton_interpreting() -> bool:
@@ -113,11 +142,12 @@ def kernel_matmul(a: torch.Tensor, b: torch.Tensor, kernel: str = "blocked", pan
     if kernel in GPU_KERNELS:
         from helpers.hardware import triton_kernels
 
-        unknown = set(blocks or {}) - set(triton_kernels.TILED_BLOCKS)
+        unknown = set(blocks or {}) - set(TILE_SIZES)
         if unknown:
-            raise ValueError(f"{kernel}: unknown block sizes {sorted(unknown)}; use {sorted(triton_kernels.TILED_BLOCKS)}")
-        out = torch.empty(a.shape[0], b.shape[1], dtype=a.dtype, device=a.device)
-        return triton_kernels.launch(kernel.split()[1], a.contiguous(), b.contiguous(), out, blocks)
+            raise ValueError(f"{kernel}: unknown block sizes {sorted(unknown)}; use {sorted(TILE_SIZES)}")
+        if kernel == "triton naive":
+            return triton_kernels.naive_matmul(a.contiguous(), b.contiguous())
+        return triton_kernels.tiled_matmul(a.contiguous(), b.contiguous(), **(blocks or {}))
     from helpers.hardware import cpu_kernels
 
     a_np, b_np = a.detach().contiguous().numpy(), b.detach().contiguous().numpy()
@@ -132,21 +162,6 @@ def kernel_matmul(a: torch.Tensor, b: torch.Tensor, kernel: str = "blocked", pan
             raise ValueError(f"blocked: panel_rows must be at least 1, got {rows}")
         cpu_kernels.blocked_ikj(a_np, b_np, out.numpy(), rows)
     return out
-
-
-def kernel_source(kernel: str) -> str:
-    """The source code of a kernel, to read in the notebook."""
-    if kernel in GPU_KERNELS:
-        from helpers.hardware import triton_kernels
-
-        body = {"triton naive": triton_kernels.naive_matmul_kernel, "triton tiled": triton_kernels.tiled_matmul_kernel}[kernel]
-        return inspect.getsource(body.fn)
-    if kernel in CPU_KERNELS:
-        from helpers.hardware import cpu_kernels
-
-        body = {"naive": cpu_kernels.naive_ijk, "reordered": cpu_kernels.reordered_ikj, "blocked": cpu_kernels.blocked_ikj}[kernel]
-        return inspect.getsource(body.py_func)
-    raise ValueError(f"unknown kernel {kernel!r}; choose one of {', '.join(CPU_KERNELS + GPU_KERNELS)}")
 
 
 # ---------------------------------------------------------------- correctness of the Triton kernels
@@ -167,12 +182,15 @@ class TritonCheck(Report):
     title = "Triton kernels against torch.matmul"
 
 
-def triton_check(m: int = 37, n: int = 29, k: int = 45, device: str | torch.device | None = None, timeout: float = 300) -> TritonCheck:
-    """Run both Triton kernels on random m x k and k x n matrices (sizes that are no multiple of any block) and compare.
+def triton_check(kernels: dict[str, Callable] | None = None, m: int = 37, n: int = 29, k: int = 45,
+                 device: str | torch.device | None = None, timeout: float = 300) -> TritonCheck:
+    """Run each Triton matmul on random m x k and k x n matrices (sizes that are no multiple of any block) and compare.
 
-    On a GPU they are compiled and run in this process. Without one they run in
-    Triton's interpreter (numpy on the CPU) in a fresh Python process, because the
-    interpreter must be switched on before triton is first imported.
+    ``kernels``: name -> function(a, b) returning a @ b, such as a notebook's launches
+    (defined after ``triton_for(device)``); they run in this process, compiled on a GPU,
+    interpreted on a CPU. None: the kit's own pair (``triton_kernels``), which without a
+    GPU runs in Triton's interpreter in a fresh Python process, because the interpreter
+    must be switched on before triton is first imported.
     """
     for name, value in (("m", m), ("n", n), ("k", k)):
         if not isinstance(value, int) or value < 1:
@@ -180,23 +198,35 @@ def triton_check(m: int = 37, n: int = 29, k: int = 45, device: str | torch.devi
     device = pick_device(device)
     ok, version = triton_available()
     shape = f"{m}x{k} @ {k}x{n}"
+    names = list(kernels) if kernels else list(GPU_KERNELS)
     if not ok:
-        return TritonCheck([KernelCheck(kernel, shape, "not run", None, None) for kernel in GPU_KERNELS], [version])
-    if is_gpu(device):
+        return TritonCheck([KernelCheck(kernel, shape, "not run", None, None) for kernel in names], [version])
+    mode = f"compiled for {torch.cuda.get_device_name(device)} (triton {version})" if is_gpu(device) else f"interpreter on the CPU (triton {version})"
+    if kernels or is_gpu(device):
         generator = torch.Generator().manual_seed(0)
         a, b = (torch.randn(*s, generator=generator).to(device) for s in ((m, k), (k, n)))
         expected = a @ b
-        errors = {kernel.split()[1]: (kernel_matmul(a, b, kernel) - expected).abs().max().item() for kernel in GPU_KERNELS}
-        mode = f"compiled for {torch.cuda.get_device_name(device)} (triton {version})"
+        run = kernels or {kernel: lambda a, b, kernel=kernel: kernel_matmul(a, b, kernel) for kernel in GPU_KERNELS}
+        errors = {name: (_run_triton(name, fn, a, b, device) - expected).abs().max().item() for name, fn in run.items()}
     else:
-        errors = _interpreted_errors(m, n, k, timeout)
-        mode = f"interpreter on the CPU (triton {version})"
+        errors = {f"triton {name}": error for name, error in _interpreted_errors(m, n, k, timeout).items()}
     tolerance = 1e-4 * k ** 0.5 + 1e-5  # fp32 rounding grows with the length of each dot product
-    rows = [KernelCheck(kernel, shape, mode, errors[kernel.split()[1]], errors[kernel.split()[1]] <= tolerance) for kernel in GPU_KERNELS]
+    rows = [KernelCheck(kernel, shape, mode, errors[kernel], errors[kernel] <= tolerance) for kernel in names]
     notes = [f"Agrees: max |error| <= {tolerance:.1e} (float32 rounding over sums of {k} products)."]
     if not is_gpu(device):
         notes.append("The interpreter executes each program instance in numpy, one after another: it checks what a kernel computes, and says nothing about its speed.")
     return TritonCheck(rows, notes)
+
+
+def _run_triton(name: str, fn: Callable, a: torch.Tensor, b: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """One kernel's result, with the likely cause named when a compiled kernel met CPU tensors."""
+    try:
+        return fn(a, b)
+    except Exception as err:
+        if is_gpu(device) or os.environ.get("TRITON_INTERPRET") == "1":
+            raise
+        raise RuntimeError(f"{name} failed on CPU tensors ({type(err).__name__}: {err}); without a GPU, get triton from "
+                           "triton_for(device) before defining the kernels, so that they run in Triton's interpreter") from err
 
 
 def _interpreted_errors(m: int, n: int, k: int, timeout: float) -> dict[str, float]:
@@ -303,8 +333,12 @@ def _fits_in(nbytes: int, device: torch.device) -> str:
 
 
 def matmul_kernels(sizes: Sequence[int], device: str | torch.device | None = None, rows: int | None = None, naive_up_to: int | None = None,
-                   min_run_time: float = 0.1, dtype: torch.dtype = torch.float32, rounds: int = 3) -> KernelTimings:
+                   min_run_time: float = 0.1, dtype: torch.dtype = torch.float32, rounds: int = 3,
+                   kernels: dict[str, Callable] | None = None) -> KernelTimings:
     """Time each kernel on (m x n) @ (n x n) for each n in ``sizes`` against torch.matmul, and check each result.
+
+    ``kernels``: name -> function(a, b) returning a @ b, the kernels a notebook wrote; None:
+    the kit's own (the Triton pair on a GPU, the three numba loops on a CPU).
 
     ``rows``: m, the rows of A (a batch of inputs times an n x n weight matrix, as in a
     linear layer); None: m = n, square products. B, the matrix every row of A reuses,
@@ -328,7 +362,8 @@ def matmul_kernels(sizes: Sequence[int], device: str | torch.device | None = Non
     gpu = is_gpu(device)
     if gpu and not triton_available()[0]:
         raise RuntimeError(f"matmul_kernels on {device}: {triton_available()[1]}")
-    kernels = GPU_KERNELS if gpu else CPU_KERNELS
+    if kernels is None:
+        kernels = {kernel: lambda a, b, kernel=kernel: kernel_matmul(a, b, kernel) for kernel in (GPU_KERNELS if gpu else CPU_KERNELS)}
     dtype = dtype if gpu else torch.float32
     threads = None if gpu else 1
     library = f"{LIBRARY} ({'cuBLAS' if gpu else 'oneDNN/MKL'})"
@@ -342,10 +377,10 @@ def matmul_kernels(sizes: Sequence[int], device: str | torch.device | None = Non
             expected = torch.matmul(a, b)
             b_bytes = b.numel() * b.element_size()
             timed = {LIBRARY: lambda a=a, b=b: torch.matmul(a, b)}
-            for kernel in kernels:
+            for kernel, fn in kernels.items():
                 if kernel.endswith("naive") and naive_up_to is not None and n > naive_up_to:
                     continue
-                timed[kernel] = lambda a=a, b=b, kernel=kernel: kernel_matmul(a, b, kernel)
+                timed[kernel] = lambda a=a, b=b, fn=fn: fn(a, b)
             errors = {kernel: 0.0 if kernel == LIBRARY else (fn().float() - expected.float()).abs().max().item() for kernel, fn in timed.items()}
             best = dict.fromkeys(timed, math.inf)
             for round_ in range(rounds):  # the kernels take turns, so a burst of other work cannot fall on one of them only

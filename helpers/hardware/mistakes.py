@@ -1,4 +1,4 @@
-"""Three classic benchmarking mistakes, each measured the wrong way and the right way (Lecture 1)."""
+"""Benchmarking mistakes side by side: a notebook's wrong and right measurements of the same work, tabulated (Lecture 1)."""
 from __future__ import annotations
 
 import statistics
@@ -8,9 +8,10 @@ from typing import Callable
 import torch
 
 from helpers.core import plots
-from helpers.core.device import gpu_notice, is_gpu, pick_device, synchronize
+from helpers.core.device import gpu_notice, pick_device
 from helpers.core.report import Report, column, format_seconds
-from helpers.core.timing import time_once, timeit
+
+Measure = Callable[[], float]  # one measurement: seconds
 
 
 @dataclass
@@ -18,17 +19,16 @@ class Mistake:
     mistake: str = column("mistake")
     wrong_seconds: float = column("measured wrongly", format_seconds)
     right_seconds: float = column("measured rightly", format_seconds)
-    lesson: str = column("lesson")
+    ratio: float = column("wrong / right", ".2f", init=False)
+
+    def __post_init__(self):
+        self.ratio = self.wrong_seconds / self.right_seconds if self.right_seconds else float("nan")
 
 
 class Mistakes(Report):
     """Each benchmarking mistake measured the wrong way and the right way, side by side."""
 
     title = "Benchmarking mistakes: wrong vs right"
-
-    def __init__(self, rows, device: torch.device, notice: str | None):
-        super().__init__(rows, notice=notice)
-        self.device = device
 
     def plot(self, ax=None):
         return plots.grouped_bars(
@@ -39,72 +39,46 @@ class Mistakes(Report):
             ylabel="milliseconds",
         )
 
+    def sentences(self) -> str:
+        """One sentence per mistake, read from the measured times (CLOSE: within this share counts as agreeing)."""
+        out = []
+        for r in self.rows:
+            if abs(r.ratio - 1) <= CLOSE:
+                out.append(f"{r.mistake}: both ways read {format_seconds(r.right_seconds)}, within {CLOSE:.0%}: here this mistake cost nothing.")
+            else:
+                way = "overstated" if r.ratio > 1 else "understated"
+                out.append(f"{r.mistake}: the wrong way read {format_seconds(r.wrong_seconds)}, the right way {format_seconds(r.right_seconds)}: "
+                           f"{way} {max(r.ratio, 1 / r.ratio):.1f}x.")
+        return "\n".join(out)
 
-def _median_of(fn: Callable[[], float], repeats: int) -> float:
-    values = sorted(fn() for _ in range(repeats))
-    return values[len(values) // 2]
+
+CLOSE = 0.15  # readings this close are one figure on a busy machine
 
 
-def benchmark_mistakes(device: str | torch.device | None = None, n: int | None = None, steps: int = 50) -> Mistakes:
-    """Measure three classic mistakes wrong and right on ``device``.
+def benchmark_mistakes(cases: dict[str, tuple[Measure, Measure]], repeats: int = 5,
+                       device: str | torch.device | None = None) -> Mistakes:
+    """Tabulate ``cases``: mistake -> (wrong, right), two functions that each measure the same work and return seconds.
 
-    1. timing an asynchronous GPU call without synchronising (on a CPU, ops are
-       synchronous, so both columns agree: that is the CPU side);
-    2. timing only the first training step, which allocates gradients and optimizer
-       state (and, on a GPU, selects kernels);
-    3. calling ``.item()`` every step, which forces a device-to-host sync each time.
+    Each function is called ``repeats`` times, taking turns, and the median reading is
+    kept; the report says how far the wrong way was from the right one. ``device``
+    names the GPU-only part (asynchronous launches) when there is no GPU.
     """
+    if not cases:
+        raise ValueError("benchmark_mistakes: give at least one mistake -> (wrong, right) pair of measuring functions")
+    if not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"benchmark_mistakes: repeats must be a positive integer, got {repeats!r}")
     device = pick_device(device)
     notice = gpu_notice("asynchronous kernel launches", device)
-    n = n or (4096 if is_gpu(device) else 512)
-    a, b = (torch.randn(n, n, device=device) for _ in range(2))
-    torch.matmul(a, b)
-    synchronize(device)
-    no_sync = Mistake(
-        "no synchronisation",
-        _median_of(lambda: time_once(lambda: torch.matmul(a, b)), 7),
-        _median_of(lambda: time_once(lambda: torch.matmul(a, b), sync=device), 7),
-        "GPU calls return before the work is done: synchronise before reading the clock",
-    )
-
-    # A freshly built model's first training step pays one-off costs: allocating gradients and Adam's
-    # state (fresh pages, on a CPU), and on a GPU library handles and kernel selection. One first step
-    # is one noisy reading, so the mistake is the median first step of several fresh models.
-    hidden = 4096 if is_gpu(device) else 1024
-
-    def fresh_training_step() -> Callable[[], None]:
-        net = torch.nn.Sequential(torch.nn.Linear(1024, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 1024)).to(device)
-        optimizer = torch.optim.Adam(net.parameters())
-        inputs = torch.randn(64, 1024, device=device)
-
-        def train_step():
-            optimizer.zero_grad()
-            net(inputs).square().mean().backward()
-            optimizer.step()
-        return train_step
-
-    first = statistics.median(time_once(fresh_training_step(), sync=device) for _ in range(5))
-    no_warmup = Mistake("no warm-up", first, timeit(fresh_training_step(), device=device, min_run_time=0.2).median,
-                        "the first call pays one-off costs: warm up, then time many calls")
-
-    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1)).to(device)
-    batch = torch.randn(64, 256, device=device)
-
-    @torch.no_grad()
-    def item_every_step() -> float:
-        return sum(model(batch).sum().item() for _ in range(steps))
-
-    @torch.no_grad()
-    def item_once() -> float:
-        total = torch.zeros((), device=device)
-        for _ in range(steps):
-            total += model(batch).sum()
-        return total.item()
-
-    item = Mistake(
-        f".item() in a {steps}-step loop",
-        timeit(item_every_step, device=device, min_run_time=0.2).median,
-        timeit(item_once, device=device, min_run_time=0.2).median,
-        "each .item() waits for the device: accumulate on the device, read once",
-    )
-    return Mistakes([no_sync, no_warmup, item], device, notice)
+    rows = []
+    for mistake, pair in cases.items():
+        if not (isinstance(pair, tuple) and len(pair) == 2 and all(callable(f) for f in pair)):
+            raise TypeError(f"benchmark_mistakes: {mistake!r} must map to (wrong, right), two functions returning seconds")
+        readings = {"wrong": [], "right": []}
+        for _ in range(repeats):  # turns, so a burst of other work cannot fall on one side only
+            for side, measure in zip(readings, pair):
+                seconds = measure()
+                if not isinstance(seconds, (int, float)) or seconds < 0:
+                    raise TypeError(f"benchmark_mistakes: the {side} measurement of {mistake!r} returned {seconds!r}, not seconds")
+                readings[side].append(float(seconds))
+        rows.append(Mistake(mistake, statistics.median(readings["wrong"]), statistics.median(readings["right"])))
+    return Mistakes(rows, notice=notice)

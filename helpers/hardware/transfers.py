@@ -76,74 +76,30 @@ class Overlap(Report):
 
     title = "Overlapping host-to-device copies with compute"
 
+    def sentences(self) -> str:
+        """How each strategy compared with the slowest one, read from the measured times."""
+        slowest = max(self.rows, key=lambda r: r.seconds)
+        return "\n".join(f"{r.strategy}: {format_seconds(r.seconds)}" + ("" if r is slowest else f", {slowest.seconds / r.seconds:.2f}x faster than {slowest.strategy}")
+                         for r in self.rows)
+
     def plot(self, ax=None):
         ax = plots.new_axes(ax, title=self.title, xlabel="milliseconds")
         ax.barh([r.strategy for r in self.rows][::-1], [r.seconds * 1e3 for r in self.rows][::-1], color=plots.CYCLE[: len(self.rows)])
         return ax
 
 
-def copy_compute_overlap(device: str | torch.device | None = None, batches: int = 8, batch_mib: int = 64, compute_n: int | None = None) -> Overlap:
-    """Time ``batches`` copy+compute steps: one after the other, and with copies overlapped.
+def copy_compute_overlap(strategies: dict[str, Callable[[], object]], device: str | torch.device | None = None,
+                         min_run_time: float = 0.3) -> Overlap:
+    """Time each of ``strategies`` (name -> function that copies a set of batches and computes on them) on ``device``.
 
-    Overlap needs pinned memory, ``non_blocking=True`` and a second CUDA stream;
-    non_blocking from pageable memory silently degrades to a synchronous copy.
-    Without a GPU there is no DMA engine to overlap with: the CPU side times the
-    copies, the compute and the two one after the other, beside the sum of the parts.
+    The functions are a notebook's: one after the other, ``non_blocking`` from pageable
+    memory, pinned memory with a second CUDA stream, and the copies and the compute alone.
+    Each is timed with the device synchronised (``helpers.timeit``). Without a GPU the
+    notice says so; the CPU side is whatever the notebook gives (host-to-host copies).
     """
+    if not strategies or not all(callable(fn) for fn in strategies.values()):
+        raise TypeError("copy_compute_overlap: give a dict of name -> function to time")
     device = pick_device(device)
     notice = gpu_notice("copy/compute overlap", device)
-    numel = batch_mib * 2**20 // 4
-    compute_n = compute_n or (4096 if is_gpu(device) else 512)
-    weight = torch.randn(compute_n, compute_n, device=device)
-
-    def compute():
-        return weight @ weight
-
-    host = [torch.randn(numel) for _ in range(batches)]
-    if not is_gpu(device):
-        targets = [torch.empty(numel) for _ in range(batches)]
-        copy_s = timeit(lambda: [t.copy_(h) for t, h in zip(targets, host)], min_run_time=0.2).median
-        compute_s = timeit(lambda: [compute() for _ in range(batches)], min_run_time=0.2).median
-        # the sequential loop is timed itself; the sum of the parts beside it is what it should cost
-        sequential_s = timeit(lambda: [(t.copy_(h), compute()) for t, h in zip(targets, host)], min_run_time=0.2).median
-        rows = [OverlapRow("copies only (host->host)", copy_s), OverlapRow("compute only", compute_s),
-                OverlapRow("copy then compute (measured)", sequential_s), OverlapRow("sum of the two (no overlap)", copy_s + compute_s)]
-        return Overlap(rows, notice=notice)
-
-    pinned = [h.pin_memory() for h in host]
-    targets = [torch.empty(numel, device=device) for _ in range(batches)]
-    copy_stream = torch.cuda.Stream(device)
-
-    def copies_only():
-        for t, h in zip(targets, pinned):
-            t.copy_(h, non_blocking=True)
-
-    def sequential_pageable():
-        for t, h in zip(targets, host):
-            t.copy_(h)
-            compute()
-
-    def non_blocking_pageable():
-        for t, h in zip(targets, host):
-            t.copy_(h, non_blocking=True)
-            compute()
-
-    def overlapped_pinned():
-        # copy batch i+1 on a side stream while the default stream computes on batch i
-        for t, h in zip(targets, pinned):
-            with torch.cuda.stream(copy_stream):
-                t.copy_(h, non_blocking=True)
-            compute()
-        torch.cuda.current_stream(device).wait_stream(copy_stream)
-
-    measure = lambda fn: timeit(fn, device=device, min_run_time=0.3).median  # noqa: E731
-    copy_s, compute_s = measure(copies_only), measure(lambda: [compute() for _ in range(batches)])
-    rows = [
-        OverlapRow("copies only (pinned)", copy_s),
-        OverlapRow("compute only", compute_s),
-        OverlapRow("copy then compute (pageable)", measure(sequential_pageable)),
-        OverlapRow("non_blocking from pageable memory", measure(non_blocking_pageable)),
-        OverlapRow("non_blocking from pinned memory, side stream", measure(overlapped_pinned)),
-        OverlapRow("ideal: max(copies, compute)", max(copy_s, compute_s)),
-    ]
+    rows = [OverlapRow(name, timeit(fn, device=device, min_run_time=min_run_time).median) for name, fn in strategies.items()]
     return Overlap(rows, notice=notice)

@@ -1,4 +1,8 @@
-"""Two matrix-product kernels written in Triton, to read: a naive one and a tiled one.
+"""Two matrix-product kernels written in Triton, a naive one and a tiled one, and the launches that run them.
+
+Their source is Lecture 1b's cells (``03-gpu-programming-model.ipynb``), where they are
+written and run; this module is the same code for ``make bench B=kernels`` and the tests,
+and ``tests/test_hardware_lecture_code.py`` checks that the two are identical.
 
 Triton programs are written per *program instance* (a CUDA thread block): the launch
 grid says how many instances run, ``tl.program_id`` says which one this is, and
@@ -64,22 +68,23 @@ def tiled_matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K,
              mask=(rows[:, None] < M) & (cols[None, :] < N))
 
 
-NAIVE_BLOCK_K = 32
-TILED_BLOCKS = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32}
-
-
-def launch(kernel: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, blocks: dict | None = None) -> torch.Tensor:
-    """Run ``kernel`` ('naive' or 'tiled') on checked inputs: out = a @ b. The grid is one instance per element or tile."""
+def naive_matmul(a, b):
+    """C = A @ B by the naive kernel: a grid of M x N programs, one per element of C."""
     (m, k), n = a.shape, b.shape[1]
-    strides = (*a.stride(), *b.stride(), *out.stride())
-    if kernel == "naive":
-        naive_matmul_kernel[(m, n)](a, b, out, m, n, k, *strides, BLOCK_K=NAIVE_BLOCK_K, num_warps=1)
-        return out
-    sizes = {**TILED_BLOCKS, **(blocks or {})}
-    grid = (triton.cdiv(m, sizes["BLOCK_M"]), triton.cdiv(n, sizes["BLOCK_N"]))
-    precision = "ieee" if a.dtype == torch.float32 else None  # fp32 as torch's default fp32 matmul (no TF32 rounding)
-    tiled_matmul_kernel[grid](a, b, out, m, n, k, *strides, **sizes, PRECISION=precision)
-    return out
+    c = torch.empty(m, n, dtype=a.dtype, device=a.device)
+    naive_matmul_kernel[(m, n)](a, b, c, m, n, k, *a.stride(), *b.stride(), *c.stride(), BLOCK_K=32, num_warps=1)
+    return c
+
+
+def tiled_matmul(a, b, BLOCK_M=64, BLOCK_N=64, BLOCK_K=32):
+    """C = A @ B by the tiled kernel: one program per BLOCK_M x BLOCK_N tile of C."""
+    (m, k), n = a.shape, b.shape[1]
+    c = torch.empty(m, n, dtype=a.dtype, device=a.device)
+    grid = (triton.cdiv(m, BLOCK_M), triton.cdiv(n, BLOCK_N))  # tiles at the edges run past C: the masks cover them
+    precision = "ieee" if a.dtype == torch.float32 else None  # fp32 as torch computes it by default: no TF32 rounding
+    tiled_matmul_kernel[grid](a, b, c, m, n, k, *a.stride(), *b.stride(), *c.stride(),
+                              BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, PRECISION=precision)
+    return c
 
 
 def main(argv: list[str] | None = None) -> None:
