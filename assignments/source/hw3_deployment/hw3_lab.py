@@ -15,6 +15,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Awaitable, Callable, Iterator, Sequence
 
@@ -226,16 +227,24 @@ class Gate:
             raise AssertionError("predict was never called: does submit start the batcher, and run predict in a thread?")
 
 
-class SlowModel(nn.Module):
-    """``model``, taking ``seconds`` longer per call (as a bigger model would): for testing that a server stays responsive."""
+class GatedModel(nn.Module):
+    """``model``, whose first call waits until ``open()`` (``entered`` is set when it began): a model busy for as long
+    as a test needs, to check that a server stays responsive meanwhile, with no timing involved."""
 
-    def __init__(self, model: nn.Module, seconds: float):
+    def __init__(self, model: nn.Module):
         super().__init__()
-        self.model, self.seconds = model, seconds
+        self.model = model
+        self.entered, self.released, self.calls = threading.Event(), threading.Event(), 0
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-        time.sleep(self.seconds)
+        self.calls += 1
+        if self.calls == 1:
+            self.entered.set()
+            self.released.wait(30)
         return self.model(pixels)
+
+    def open(self) -> None:
+        self.released.set()
 
 
 def image_context(folder: str | Path, create_service: Callable) -> Path:
@@ -248,7 +257,9 @@ def image_context(folder: str | Path, create_service: Callable) -> Path:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     model = served_model()
-    torch.jit.trace(model, torch.rand(2, 784)).save(str(folder / "model.pt"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.jit is in maintenance, and says so; it is still what loads with torch alone
+        torch.jit.trace(model, torch.rand(2, 784)).save(str(folder / "model.pt"))
     source = inspect.getsource(create_service)
     (folder / "service.py").write_text("import json\nimport math\n\nimport torch\n\n\n" + source +
                                        '\n\napp = create_service(torch.jit.load("model.pt").eval())\n')
@@ -322,4 +333,4 @@ def expect_answers(images: torch.Tensor, model: nn.Module) -> None:
 
 __all__: Sequence[str] = ["served_model", "held_out", "held_out_images", "fresh_images", "digits_and_confidence",
                           "race_against_eager", "serve_app", "wide_model", "predictor", "MeteredPredictor", "Overloaded",
-                          "Gate", "SlowModel", "image_context", "run_image", "bounded_load", "expect_answers", "run_async"]
+                          "Gate", "GatedModel", "image_context", "run_image", "bounded_load", "expect_answers", "run_async"]
