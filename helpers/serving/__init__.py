@@ -14,6 +14,7 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     ".export": ["file_sizes_and_accuracy", "parity"],
     ".runtimes": ["runtime_latency"],
     ".compression": ["compression_table"],
+    ".open_loop": ["HttpSender", "OpenLoopReport", "closed_loop_test", "open_loop_test", "poisson_schedule"],
     ".load": ["LoadReport", "RequestBreakdown", "load_test", "read_metrics", "request_breakdown"],
     ".dockerfile": ["check_dockerfile"],
     ".grpc_service": ["grpc_predict"],
