@@ -23,8 +23,8 @@ import torch
 import uvicorn
 from torch import nn
 
-from helpers.core.procs import LOOPBACK, free_port
 import helpers
+from helpers.core.procs import LOOPBACK, free_port
 from helpers.serving import mnist_holdout, mnist_model
 
 KIT_ROOT = str(Path(helpers.__file__).resolve().parents[1])  # the kit, for the eager baseline's own process
@@ -272,7 +272,7 @@ def run_image(dockerfile_text: str, context: str | Path) -> Iterator[str]:
     engine: its pip lines installed into an empty virtual environment, its files copied, its CMD started on 127.0.0.1
     in place of 0.0.0.0 and a free port in place of the one it EXPOSEs. Yields the base URL once /health answers 200.
     """
-    from helpers.serving.dockerfile import start_image_command
+    from helpers.serving import start_image_command
 
     with tempfile.TemporaryDirectory(prefix="hw3-image-") as folder:
         (Path(folder) / "Dockerfile").write_text(dockerfile_text)
