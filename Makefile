@@ -17,6 +17,7 @@
 #   make ddp-demo        data-parallel LeNet under torchrun on this machine (NPROC=2)
 #   make serve           serve the course's MNIST model on 127.0.0.1 until Ctrl-C (PORT=8000, WORKERS=1)
 #   make serve-llm       the course's language model behind an OpenAI-compatible API on 127.0.0.1 (PORT=8000, SCHEDULER=continuous|static)
+#   make image           build and run lecture 6's image (podman, no registry pull), else run its CMD in a clean venv
 #   make mlflow-ui       MLflow's UI on the kit's tracking store (build/mlflow) on 127.0.0.1 (MLFLOW_PORT=5000)
 #
 # Knobs: DEVICE=cpu|cuda (lectures), B=<name> and QUICK=1 (bench), PYTEST_ARGS=... (test),
@@ -121,6 +122,10 @@ ddp-demo: setup
 # The course's MNIST model behind FastAPI + uvicorn on 127.0.0.1 (trained first if not cached; Ctrl-C stops it).
 PORT ?= 8000
 WORKERS ?= 1
+.PHONY: image
+image: setup
+	$(PY) -m helpers.serving.dockerfile --dockerfile lectures/06-web-services/Dockerfile --context .
+
 .PHONY: serve
 serve: setup
 	$(PY) -m helpers.serving.server --port $(PORT) --workers $(WORKERS)

@@ -86,3 +86,23 @@ def test_a_failing_batch_fails_its_own_callers_and_the_batcher_goes_on():
 def test_bad_settings_are_refused():
     with pytest.raises(ValueError, match="max_batch_size"):
         DynamicBatcher(rows_as_digits, max_batch_size=0)
+
+
+def test_batches_never_exceed_max_batch_size_with_uneven_requests():
+    async def main():
+        batcher = DynamicBatcher(rows_as_digits, max_batch_size=5, max_wait_ms=40)
+        sizes = [1, 3, 2, 1, 4, 1, 2, 5, 3, 3]
+        answers = await asyncio.gather(*(batcher.submit(torch.full((n, 784), float(i))) for i, n in enumerate(sizes)))
+        await batcher.stop()
+        return batcher, answers, sizes
+    batcher, answers, sizes = run(main())
+    assert answers == [[i] * n for i, n in enumerate(sizes)]
+    assert max(batcher.batch_sizes) <= 5 and sum(batcher.batch_sizes) == sum(sizes), batcher.batch_sizes
+
+
+def test_a_request_larger_than_a_batch_is_refused():
+    async def main():
+        batcher = DynamicBatcher(rows_as_digits, max_batch_size=4)
+        with pytest.raises(ValueError, match="at most 4"):
+            await batcher.submit(torch.zeros(5, 784))
+    run(main())

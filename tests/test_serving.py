@@ -224,7 +224,28 @@ def test_ray_serve_answers_like_the_kit_and_leaves_no_process_behind(holdout):
     with start_ray_service(batch_size=8, max_wait_ms=2) as ray_serve:
         answer = httpx.post(ray_serve.url + "/predict", json={"inputs": pixels.tolist()}, timeout=60).json()["predictions"]
         family = [ray_serve.pid] + [c.pid for c in psutil.Process(ray_serve.pid).children(recursive=True)]
+        listening = {(c.laddr.ip, c.laddr.port, pid) for pid in family if psutil.pid_exists(pid)
+                     for c in _connections(pid) if c.status == psutil.CONN_LISTEN}
+        sessions = {p.parent.parent for pid in family if psutil.pid_exists(pid) for p in _open_unix_sockets(pid)}
     with torch.no_grad():
         assert answer == mnist_model()[0](pixels).argmax(1).tolist()
+    assert listening and all(ip == "127.0.0.1" for ip, _, _ in listening), f"listening beyond the loopback: {sorted(listening)}"
     time.sleep(1)
     assert not [p for p in family if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert not [s for s in sessions if s.exists()], f"Ray left its session files behind: {sessions}"
+
+
+def _connections(pid):
+    try:
+        return psutil.Process(pid).net_connections(kind="inet")
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return []
+
+
+def _open_unix_sockets(pid):
+    """Paths of the unix sockets ``pid`` has open under Ray's session folders (…/session_*/sockets/<name>)."""
+    from pathlib import Path
+    try:
+        return [Path(c.laddr) for c in psutil.Process(pid).net_connections(kind="unix") if c.laddr and "/sockets/" in c.laddr]
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return []

@@ -37,6 +37,7 @@ class DynamicBatcher:
         self.batch_sizes: list[int] = []
         self.waits: list[float] = []
         self._task: asyncio.Task | None = None
+        self._held: _Pending | None = None
 
     def start(self) -> None:
         """Start the batching loop on the running event loop (an app's startup)."""
@@ -50,6 +51,8 @@ class DynamicBatcher:
 
     async def submit(self, pixels: torch.Tensor) -> list[int]:
         """The digits for ``pixels``, computed in whatever batch it joins."""
+        if len(pixels) > self.max_batch_size:
+            raise ValueError(f"{len(pixels)} inputs in one request; this batcher takes at most {self.max_batch_size}")
         if self._task is None:
             self.start()
         pending = _Pending(pixels, asyncio.get_running_loop().create_future())
@@ -57,16 +60,19 @@ class DynamicBatcher:
         return await pending.answer
 
     async def _next_batch(self) -> list[_Pending]:
-        batch = [await self.queue.get()]
-        size = len(batch[0].pixels)
-        deadline = batch[0].arrived + self.max_wait
+        """The next batch: never more than ``max_batch_size`` inputs (a request that would not fit opens the next one)."""
+        first = self._held or await self.queue.get()
+        self._held = None
+        batch, size = [first], len(first.pixels)
+        deadline = first.arrived + self.max_wait
         while size < self.max_batch_size:
             remaining = deadline - time.perf_counter()
-            if remaining <= 0:
-                break
             try:
-                item = await asyncio.wait_for(self.queue.get(), remaining)
-            except asyncio.TimeoutError:
+                item = self.queue.get_nowait() if remaining <= 0 else await asyncio.wait_for(self.queue.get(), remaining)
+            except (asyncio.TimeoutError, asyncio.QueueEmpty):
+                break
+            if size + len(item.pixels) > self.max_batch_size:
+                self._held = item  # first in line for the next batch
                 break
             batch.append(item)
             size += len(item.pixels)

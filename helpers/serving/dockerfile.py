@@ -81,3 +81,260 @@ def check_dockerfile(path: str | Path) -> DockerfileReport:
         DockerCheck("no ADD from a URL", not urls, "none" if not urls else "; ".join(urls)),
     ]
     return DockerfileReport(rows, [f"{path}: {len(steps)} instructions; no image was built or pulled."])
+
+
+# ---------------------------------------------------------------- running an image's CMD without a container engine
+
+PIP_OPTIONS_WITH_VALUE = {"--index-url", "-i", "--extra-index-url", "--find-links", "-f", "--trusted-host", "--target", "-t",
+                          "--root", "--prefix", "--constraint", "-c"}
+
+
+@dataclass
+class ImagePlan:
+    """What a Dockerfile asks for, as far as running its command here goes."""
+
+    base: str
+    workdir: str
+    copies: list[tuple[list[str], str]]  # (sources in the context, destination)
+    requirements: list[str]  # what its `pip install` lines name
+    env: dict[str, str]
+    command: list[str]
+    port: int | None
+    skipped: list[str]  # RUN steps other than pip, USER: noted, not emulated
+
+
+def pip_requirements(arguments: str, context: Path) -> list[str]:
+    """The requirement strings of one RUN line's ``pip install`` commands (``-r file`` read from the context)."""
+    found = []
+    for command in re.split(r"&&|;", arguments):
+        words = command.split()
+        if "install" not in words or not any(w.endswith("pip") or w == "pip3" for w in words[:words.index("install")]):
+            continue
+        words = words[words.index("install") + 1:]
+        skip = False
+        for i, word in enumerate(words):
+            if skip:
+                skip = False
+            elif word in ("-r", "--requirement"):
+                file = context / words[i + 1]
+                if not file.is_file():
+                    raise ValueError(f"`pip install -r {words[i + 1]}`: no such file in the build context {context}")
+                found += [line.split("#")[0].strip() for line in file.read_text().splitlines()
+                          if line.split("#")[0].strip() and not line.startswith("-")]
+                skip = True
+            elif word in PIP_OPTIONS_WITH_VALUE:
+                skip = True
+            elif not word.startswith("-") and not (i > 0 and words[i - 1] in ("-r", "--requirement")):
+                found.append(word.strip("'\""))
+    return found
+
+
+def image_plan(path: str | Path, context: str | Path) -> ImagePlan:
+    """Read the Dockerfile at ``path`` (build context ``context``) into the steps that matter for running it."""
+    import json
+    import shlex
+
+    path, context = Path(path), Path(context)
+    steps = instructions(path.read_text())
+    base, workdir, copies, requirements, env, command, port, skipped = "", "/", [], [], {}, [], None, []
+    for kind, arguments in steps:
+        if kind == "FROM":
+            base = arguments.split()[0]
+        elif kind == "WORKDIR":
+            workdir = arguments if arguments.startswith("/") else f"{workdir.rstrip('/')}/{arguments}"
+        elif kind in ("COPY", "ADD"):
+            words = [w for w in (json.loads(arguments) if arguments.startswith("[") else shlex.split(arguments))
+                     if not w.startswith("--")]
+            if len(words) < 2:
+                raise ValueError(f"{kind} {arguments}: needs a source and a destination")
+            copies.append((words[:-1], words[-1]))
+        elif kind == "RUN":
+            names = pip_requirements(arguments, context)
+            requirements += names
+            if not names:
+                skipped.append(f"RUN {arguments[:60]}")
+        elif kind == "ENV":
+            if "=" in arguments.split()[0]:
+                env.update(dict(pair.split("=", 1) for pair in shlex.split(arguments)))
+            else:
+                key, _, value = arguments.partition(" ")
+                env[key] = value.strip()
+        elif kind in ("CMD", "ENTRYPOINT"):
+            if not arguments.startswith("["):
+                raise ValueError(f"{kind} {arguments}: write it in exec form, [\"program\", \"arg\", ...]")
+            words = json.loads(arguments)
+            command = words if kind == "ENTRYPOINT" or not command else command + words
+        elif kind == "EXPOSE":
+            port = int(arguments.split()[0].split("/")[0])
+        elif kind == "USER":
+            skipped.append(f"USER {arguments}")
+    return ImagePlan(base, workdir, copies, requirements, env, command, port, skipped)
+
+
+def _installed_closure(requirements: list[str]):
+    """The installed distributions that ``requirements`` name, with everything they need (a clear error when one is missing)."""
+    from importlib import metadata
+
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.utils import canonicalize_name
+
+    chosen, queue = {}, []
+    for text in requirements:
+        try:
+            queue.append((Requirement(text), text))
+        except InvalidRequirement as err:
+            raise ValueError(f"pip install {text}: not a requirement pip would accept ({err})") from err
+    while queue:
+        requirement, wanted_by = queue.pop()
+        name = canonicalize_name(requirement.name)
+        if name in chosen:
+            continue
+        try:
+            dist = metadata.distribution(requirement.name)
+        except metadata.PackageNotFoundError as err:
+            raise ValueError(f"{wanted_by} needs {requirement.name}, which this environment cannot install offline") from err
+        if requirement.specifier and not requirement.specifier.contains(dist.version, prereleases=True):
+            raise ValueError(f"{wanted_by}: {requirement} asked, but only {dist.version} can be installed here: pin that version")
+        chosen[name] = dist
+        for extra_text in dist.requires or []:
+            need = Requirement(extra_text)
+            extras = requirement.extras or {""}
+            if need.marker is None or any(need.marker.evaluate({"extra": e}) for e in extras):
+                queue.append((need, f"{wanted_by} (through {requirement.name})"))
+    return chosen
+
+
+def clean_environment(requirements: list[str], folder: Path) -> Path:
+    """A virtual environment at ``folder`` holding only ``requirements`` and what they depend on; returns its python.
+
+    Nothing is downloaded: each distribution is linked in from this environment (the versions
+    the kit installs), file by top-level entry, so making one costs seconds, not a pip install.
+    """
+    import subprocess
+    import sys
+    import sysconfig
+
+    folder = Path(folder)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True, capture_output=True)
+    python = folder / "bin" / "python"
+    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               check=True, capture_output=True, text=True).stdout.strip())
+    ours = Path(sysconfig.get_paths()["purelib"])
+    owners: dict[str, set[str]] = {}
+    for dist in _installed_closure(requirements).values():
+        root = Path(dist.locate_file(""))
+        for file in dist.files or []:
+            parts = Path(file).parts
+            if parts and parts[0] != ".." and not parts[0].endswith(".pth") and (root / parts[0]).exists():
+                owners.setdefault(parts[0], set()).add(parts[1] if len(parts) > 2 else "")
+    for top, children in owners.items():
+        source = ours / top
+        if (site / top).exists():
+            continue
+        if "" in children or not source.is_dir():
+            (site / top).symlink_to(source)
+        else:  # a namespace folder several distributions share: link only the children of the chosen ones
+            (site / top).mkdir()
+            for child in children:
+                (site / top / child).symlink_to(source / child)
+    return python
+
+
+def start_image_command(dockerfile: str | Path, context: str | Path, folder: str | Path, startup_timeout: float = 120.0):
+    """Run the image's CMD as ``docker run`` would, without a container engine: a ServedProcess answering /health.
+
+    The files its COPY steps name are copied from ``context`` into ``folder``/root, its pip lines are
+    installed into a clean virtual environment (``clean_environment``), its ENV is set, and its CMD starts
+    in its WORKDIR, on 127.0.0.1 and a free port in place of the port it EXPOSEs (and of 0.0.0.0).
+    Raises ValueError naming what cannot run (an unknown base, a missing file, a package it never installs
+    shows up as the server's own import error in the raised RuntimeError).
+    """
+    import glob
+    import shutil
+
+    from helpers.core.procs import LOOPBACK, ServedProcess, free_port
+
+    folder, context = Path(folder), Path(context)
+    plan = image_plan(dockerfile, context)
+    if not re.match(r"(docker\.io/)?(library/)?python:3\.11", plan.base):
+        raise ValueError(f"FROM {plan.base or '(none)'}: only python:3.11 images can be run here (this kit's Python)")
+    if not plan.command:
+        raise ValueError("no CMD or ENTRYPOINT: the image would not start anything")
+    if plan.port is None:
+        raise ValueError("no EXPOSE: which port does the service listen on?")
+    root = folder / "root"
+    workdir = root / plan.workdir.lstrip("/")
+    workdir.mkdir(parents=True, exist_ok=True)
+    for sources, destination in plan.copies:
+        target = (workdir / destination) if not destination.startswith("/") else root / destination.lstrip("/")
+        for source in sources:
+            matches = glob.glob(str(context / source))
+            if not matches:
+                raise ValueError(f"COPY {source}: not in the build context {context}")
+            for match in map(Path, matches):
+                into_folder = destination.endswith("/") or len(sources) > 1 or len(matches) > 1 or match.is_dir()
+                if match.is_dir():
+                    shutil.copytree(match, target if destination.endswith("/") or destination in (".", "./") else target,
+                                    dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
+                else:
+                    out = target / match.name if into_folder or target.is_dir() else target
+                    out.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(match, out)
+    python = clean_environment(plan.requirements, folder / "venv")
+    port = free_port()
+    command = []
+    for i, word in enumerate(plan.command):
+        if i == 0 and word in ("python", "python3", "python3.11", "/usr/local/bin/python"):
+            command += [str(python), "-E", "-s"]
+        elif i == 0 and (python.parent / word).exists() is False and "/" not in word:
+            command += [str(python), "-E", "-s", "-m", word]  # a console script: run its module
+        else:
+            command.append(word.replace("0.0.0.0", LOOPBACK).replace(str(plan.port), str(port))
+                           if word in ("0.0.0.0", str(plan.port)) or word.endswith((f"={plan.port}", f":{plan.port}"))
+                           or word.startswith("--host=") else word)
+    env = {**plan.env, "PATH": f"{python.parent}:/usr/bin:/bin", "HOME": str(folder), "PYTHONDONTWRITEBYTECODE": "1"}
+    return ServedProcess(command, port, health_path="/health", log_path=folder / "image.log", env=env, cwd=workdir,
+                         startup_timeout=startup_timeout)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``make image``: build and run the lecture's image with podman where it can, else run its CMD in a clean environment."""
+    import argparse
+    import shutil
+    import subprocess
+    import tempfile
+    import urllib.request
+
+    parser = argparse.ArgumentParser(prog="python -m helpers.serving.dockerfile", description=main.__doc__)
+    parser.add_argument("--dockerfile", default="lectures/06-web-services/Dockerfile")
+    parser.add_argument("--context", default=".")
+    args = parser.parse_args(argv)
+    from helpers.serving.model import mnist_model
+
+    mnist_model()  # the image copies the trained weights from build/serving/
+    print(check_dockerfile(args.dockerfile))
+    podman = shutil.which("podman")
+    base = image_plan(args.dockerfile, args.context).base
+    if podman and subprocess.run([podman, "image", "exists", base]).returncode == 0:
+        tag = "edl-mnist-service:local"
+        subprocess.run([podman, "build", "--pull=never", "-f", args.dockerfile, "-t", tag, args.context], check=True)
+        from helpers.core.paths import build_dir
+        from helpers.core.procs import ServedProcess, free_port
+
+        port = free_port()
+        with ServedProcess([podman, "run", "--rm", "-p", f"127.0.0.1:{port}:{image_plan(args.dockerfile, args.context).port}", tag],
+                           port, log_path=build_dir("serving") / "image.log", startup_timeout=120) as served:
+            print(f"podman: {tag} answered {urllib.request.urlopen(served.url + '/health').status} on /health")
+        return 0
+    why = ("podman is not installed" if not podman else
+           f"podman has no local {base} image, and this kit never pulls from a registry (build one from Debian's "
+           "packages, e.g. with mmdebstrap, and tag it so)")
+    print(f"{why}: running the image's CMD in a clean virtual environment that holds only what the Dockerfile installs")
+    with tempfile.TemporaryDirectory(prefix="edl-image-") as folder, start_image_command(args.dockerfile, args.context, folder) as served:
+        with urllib.request.urlopen(served.url + "/health") as answer:
+            print(f"{served.url}/health answered {answer.status}: the image's command starts with only its own packages")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

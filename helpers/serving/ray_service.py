@@ -8,7 +8,9 @@ that the kit's batcher can be measured against it under the same load.
 from __future__ import annotations
 
 import argparse
+import shutil
 import signal
+import tempfile
 import threading
 
 import torch
@@ -60,7 +62,11 @@ def main() -> None:
     from helpers.serving.model import mnist_model
 
     _, info = mnist_model()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    # Ray's own processes (GCS, raylet, workers) on the loopback address only, and its session files in a folder of
+    # this run's own that goes when the run does (Ray's default, /tmp/ray/session_*, would stay behind).
+    scratch = tempfile.mkdtemp(prefix="edl-ray-")  # short: Ray's unix sockets live below it
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
+             _node_ip_address=LOOPBACK, _temp_dir=scratch)
     serve.start(http_options={"host": LOOPBACK, "port": args.port})
     serve.run(build_app(info.path, args.batch_size, args.max_wait_ms), route_prefix="/predict")
     stop = threading.Event()
@@ -70,6 +76,7 @@ def main() -> None:
     stop.wait()
     serve.shutdown()
     ray.shutdown()
+    shutil.rmtree(scratch, ignore_errors=True)
 
 
 def start_ray_service(batch_size: int = 32, max_wait_ms: float = 2.0, startup_timeout: float = 180.0):

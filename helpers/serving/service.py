@@ -130,7 +130,7 @@ def create_app(model: nn.Module, *, threads: int = 1, registry: CollectorRegistr
             return unprocessable(validation_message(err), metrics)
         pixels = torch.tensor(images, dtype=torch.float32)
         validated = time.perf_counter()
-        if batcher:
+        if batcher and len(pixels) <= batch_size:  # a request bigger than a batch is a batch of its own
             digits = await batcher.submit(pixels)
         else:
             async with limiter:

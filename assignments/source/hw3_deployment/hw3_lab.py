@@ -6,17 +6,29 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import inspect
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import threading
 import time
+import warnings
+from pathlib import Path
 from typing import Awaitable, Callable, Iterator, Sequence
 
 import torch
 import uvicorn
 from torch import nn
 
+import helpers
 from helpers.core.procs import LOOPBACK, free_port
 from helpers.serving import mnist_holdout, mnist_model
+
+KIT_ROOT = str(Path(helpers.__file__).resolve().parents[1])  # the kit, for the eager baseline's own process
+PYTHON = sys.executable
 
 
 def served_model() -> nn.Module:
@@ -24,11 +36,105 @@ def served_model() -> nn.Module:
     return mnist_model()[0]
 
 
+@functools.lru_cache(maxsize=1)
+def _holdout() -> tuple[torch.Tensor, torch.Tensor]:
+    return mnist_holdout()
+
+
 def held_out(n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """``n`` held-out digits (pixels (n, 784), labels (n,)), a different sample for each seed."""
-    pixels, labels = mnist_holdout()
-    order = torch.randperm(len(pixels), generator=torch.Generator().manual_seed(seed))[:n]
+    pixels, labels = _holdout()
+    order = torch.randint(len(pixels), (n,), generator=torch.Generator().manual_seed(seed)) if n > len(pixels) else \
+        torch.randperm(len(pixels), generator=torch.Generator().manual_seed(seed))[:n]
     return pixels[order], labels[order]
+
+
+def held_out_images(n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``n`` held-out digits as a camera or a browser sends them: uint8 images (n, 28, 28) in 0..255, and labels (n,)."""
+    pixels, labels = held_out(n, seed)
+    return (pixels * 255).round().to(torch.uint8).reshape(n, 28, 28), labels
+
+
+def fresh_images(n: int, generator: torch.Generator) -> torch.Tensor:
+    """``n`` uint8 images never seen before: held-out digits with a little random noise (new contents at every call)."""
+    pixels, _ = _holdout()
+    picked = pixels[torch.randint(len(pixels), (n,), generator=generator)]
+    noise = torch.randint(0, 9, picked.shape, generator=generator)
+    return ((picked * 255).round() + noise).clamp(0, 255).to(torch.uint8).reshape(n, 28, 28)
+
+
+def digits_and_confidence(model: nn.Module, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """What the end-to-end model of part 2 computes, in eager PyTorch: uint8 images (N, 28, 28) -> (digits, confidence)."""
+    with torch.no_grad():
+        chances = torch.softmax(model(images.reshape(len(images), 784).float() / 255.0), dim=1)
+    confidence, digits = chances.max(dim=1)
+    return digits, confidence
+
+
+_EAGER_CHILD = """
+import sys, time
+import torch
+sys.path.insert(0, sys.argv[1])
+from helpers.serving import load_model
+torch.set_num_threads(1)
+model = load_model(sys.argv[2])
+generator = torch.Generator().manual_seed(int(sys.argv[3]))
+pixels = torch.rand(4096, 784, generator=generator)
+for line in sys.stdin:
+    calls, batch = map(int, line.split())
+    inputs = [(pixels[torch.randint(4096, (batch,), generator=generator)] * 255).round().to(torch.uint8).reshape(batch, 28, 28)
+              for _ in range(calls)]
+    start = time.thread_time()
+    for images in inputs:
+        with torch.no_grad():
+            chances = torch.softmax(model(images.reshape(len(images), 784).float() / 255.0), dim=1)
+            confidence, digits = chances.max(dim=1)
+    print((time.thread_time() - start) / calls, flush=True)
+"""
+
+
+def race_against_eager(predict: Callable[[torch.Tensor], object], check: Callable[[torch.Tensor, object], float],
+                       batch: int = 64, rounds: int = 15, calls: int = 10, seed: int = 0) -> dict[str, float]:
+    """CPU seconds per call of eager PyTorch and of ``predict`` on batches of fresh uint8 images, in alternating rounds.
+
+    Eager PyTorch (one thread, ``digits_and_confidence`` on a freshly loaded copy of the served model) runs in a
+    child process of its own, started from a clean environment, and is timed by its thread's CPU time, so nothing
+    done in this kernel can slow it. ``predict`` runs here on images it has never seen (new contents at every
+    call) and is timed by the CPU time of this whole process, every thread counted. ``check(images, answer)``
+    returns the share of answers that are right: ``agreement`` is their mean over every call, ``worst`` the lowest.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    child = subprocess.Popen([PYTHON, "-E", "-s", "-c", _EAGER_CHILD, KIT_ROOT, mnist_model()[1].path, str(seed)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=tempfile.gettempdir(),
+                             env={"PATH": os.defpath, "OMP_NUM_THREADS": "1", "HOME": tempfile.gettempdir()})
+    eager, ours, shares = [], [], []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # torch's idle pool threads would otherwise spin on this process's CPU time between rounds
+    try:
+        for round_ in range(rounds + 1):  # round 0 warms both sides up and is not counted
+            child.stdin.write(f"{calls} {batch}\n")
+            child.stdin.flush()
+            seconds = child.stdout.readline()
+            if not seconds:
+                raise RuntimeError("the eager baseline's process ended early: this is the grader's failure, not yours")
+            inputs = [fresh_images(batch, generator) for _ in range(calls)]
+            answers = []
+            time.sleep(0.02)  # let any thread pool settle down before the clock starts
+            start = time.process_time()
+            for images in inputs:
+                answers.append(predict(images))
+            spent = (time.process_time() - start) / calls
+            shares += [check(images, answer) for images, answer in zip(inputs, answers)]
+            if round_:
+                eager.append(float(seconds))
+                ours.append(spent)
+    finally:
+        torch.set_num_threads(threads)
+        child.stdin.close()
+        child.wait(10)
+    return {"eager": statistics.median(eager), "yours": statistics.median(ours),
+            "speedup": statistics.median(eager) / statistics.median(ours), "agreement": statistics.mean(shares),
+            "worst": min(shares)}
 
 
 @contextlib.contextmanager
@@ -54,21 +160,6 @@ def serve_app(app, startup_timeout: float = 30.0) -> Iterator[str]:
         thread.join(10)
 
 
-def interleaved_medians(first: Callable[[], object], second: Callable[[], object], rounds: int = 7,
-                        calls: int = 20) -> tuple[float, float]:
-    """Median seconds per call of ``first`` and ``second``, timed in alternating rounds (fair on a busy machine)."""
-    times: tuple[list[float], list[float]] = ([], [])
-    for fn in (first, second):
-        fn()  # warm-up
-    for _ in range(rounds):
-        for fn, out in zip((first, second), times):
-            start = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            out.append((time.perf_counter() - start) / calls)
-    return statistics.median(times[0]), statistics.median(times[1])
-
-
 def wide_model(seed: int = 0) -> nn.Module:
     """A wider MLP for part 3 (784 -> 1024 -> 1024 -> 10): one call costs enough for batching to matter."""
     torch.manual_seed(seed)
@@ -81,6 +172,112 @@ def predictor(model: nn.Module) -> Callable[[torch.Tensor], list[int]]:
         with torch.inference_mode():
             return model(pixels).argmax(1).tolist()
     return predict
+
+
+class MeteredPredictor:
+    """``predictor(model)`` that records each call's batch size and the CPU seconds its thread spent in the model.
+
+    Thread CPU time counts only the model's own work: threads that hold the GIL elsewhere make a call wait,
+    not spend, so they change neither side of a comparison made with it.
+    """
+
+    def __init__(self, model: nn.Module):
+        self.predict = predictor(model)
+        self.sizes: list[int] = []
+        self.cpu_seconds = 0.0
+        self.lock = threading.Lock()
+
+    def __call__(self, pixels: torch.Tensor) -> list[int]:
+        start = time.thread_time()
+        digits = self.predict(pixels)
+        spent = time.thread_time() - start
+        with self.lock:
+            self.sizes.append(len(pixels))
+            self.cpu_seconds += spent
+        return digits
+
+
+class Overloaded(Exception):
+    """Raised by a batcher's submit when its queue is full: the server answers 503 and the client retries later."""
+
+
+class Gate:
+    """A predict function that blocks its first call until ``open()``; ``entered`` is set when that call began.
+
+    The tests use it to fill a batcher's queue while the model is busy, with no timing involved.
+    """
+
+    def __init__(self, answer: Callable[[torch.Tensor], list[int]]):
+        self.answer, self.calls = answer, []
+        self.entered, self.released = threading.Event(), threading.Event()
+
+    def __call__(self, pixels: torch.Tensor) -> list[int]:
+        self.calls.append(len(pixels))
+        if len(self.calls) == 1:
+            self.entered.set()
+            if not self.released.wait(30):
+                raise TimeoutError("the gate was never opened")
+        return self.answer(pixels)
+
+    def open(self) -> None:
+        self.released.set()
+
+    async def wait_entered(self) -> None:
+        if not await asyncio.to_thread(self.entered.wait, 30):
+            raise AssertionError("predict was never called: does submit start the batcher, and run predict in a thread?")
+
+
+class GatedModel(nn.Module):
+    """``model``, whose first call waits until ``open()`` (``entered`` is set when it began): a model busy for as long
+    as a test needs, to check that a server stays responsive meanwhile, with no timing involved."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+        self.entered, self.released, self.calls = threading.Event(), threading.Event(), 0
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.calls == 1:
+            self.entered.set()
+            self.released.wait(30)
+        return self.model(pixels)
+
+    def open(self) -> None:
+        self.released.set()
+
+
+def image_context(folder: str | Path, create_service: Callable) -> Path:
+    """A build context for part 1's image: ``service.py`` (your ``create_service`` and ``app``) and ``model.pt``.
+
+    ``model.pt`` is the served model as TorchScript, which ``torch.jit.load`` reads with torch alone.
+    ``service.py`` starts with ``import json``, ``import math`` and ``import torch``, then holds the source of
+    your ``create_service``, then ``app = create_service(torch.jit.load("model.pt"))``.
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    model = served_model()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.jit is in maintenance, and says so; it is still what loads with torch alone
+        torch.jit.trace(model, torch.rand(2, 784)).save(str(folder / "model.pt"))
+    source = inspect.getsource(create_service)
+    (folder / "service.py").write_text("import json\nimport math\n\nimport torch\n\n\n" + source +
+                                       '\n\napp = create_service(torch.jit.load("model.pt").eval())\n')
+    return folder
+
+
+@contextlib.contextmanager
+def run_image(dockerfile_text: str, context: str | Path) -> Iterator[str]:
+    """Run the image ``dockerfile_text`` describes (build context ``context``) as ``docker run`` would, without a container
+    engine: its pip lines installed into an empty virtual environment, its files copied, its CMD started on 127.0.0.1
+    in place of 0.0.0.0 and a free port in place of the one it EXPOSEs. Yields the base URL once /health answers 200.
+    """
+    from helpers.serving import start_image_command
+
+    with tempfile.TemporaryDirectory(prefix="hw3-image-") as folder:
+        (Path(folder) / "Dockerfile").write_text(dockerfile_text)
+        with start_image_command(Path(folder) / "Dockerfile", context, Path(folder) / "run") as served:
+            yield served.url
 
 
 def bounded_load(handle: Callable[[torch.Tensor], Awaitable[list[int]]], images: torch.Tensor, concurrency: int,
@@ -134,5 +331,6 @@ def expect_answers(images: torch.Tensor, model: nn.Module) -> None:
     predictor_cache[id(images)] = predictor(model)(images)
 
 
-__all__: Sequence[str] = ["served_model", "held_out", "serve_app", "interleaved_medians", "wide_model", "predictor",
-                          "bounded_load", "expect_answers", "run_async"]
+__all__: Sequence[str] = ["served_model", "held_out", "held_out_images", "fresh_images", "digits_and_confidence",
+                          "race_against_eager", "serve_app", "wide_model", "predictor", "MeteredPredictor", "Overloaded",
+                          "Gate", "GatedModel", "image_context", "run_image", "bounded_load", "expect_answers", "run_async"]

@@ -1,0 +1,51 @@
+"""Dockerfiles that start: the image's CMD runs in a clean environment holding only what the Dockerfile installs."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from helpers.serving.dockerfile import image_plan, start_image_command
+from helpers.serving.model import mnist_model
+
+from .grading_support import ROOT
+
+LECTURE_DOCKERFILE = ROOT / "lectures" / "06-web-services" / "Dockerfile"
+
+
+def test_the_lectures_image_starts_and_answers_health(tmp_path):
+    mnist_model()
+    with start_image_command(LECTURE_DOCKERFILE, ROOT, tmp_path) as served:
+        assert httpx.get(served.url + "/health").json() == {"status": "ok"}
+        assert served.url.startswith("http://127.0.0.1:")
+    plan = image_plan(LECTURE_DOCKERFILE, ROOT)
+    assert {"psutil==7.2.2", "pillow==13.0.0"} <= set(plan.requirements)
+
+
+def test_an_image_missing_a_package_fails_with_the_servers_own_import_error(tmp_path):
+    mnist_model()
+    text = LECTURE_DOCKERFILE.read_text().replace(" \\\n    psutil==7.2.2 pillow==13.0.0", "")
+    (tmp_path / "Dockerfile").write_text(text)
+    with pytest.raises(RuntimeError, match="No module named 'psutil'"):
+        start_image_command(tmp_path / "Dockerfile", ROOT, tmp_path / "run")
+
+
+@pytest.mark.parametrize("text, problem", [
+    ('FROM x:1\nRUN pip install\nUSER a\nEXPOSE 1\nHEALTHCHECK NONE\nCMD ["x"]', "only python:3.11"),
+    ('FROM python:3.11-slim\nRUN pip install\nUSER a\nEXPOSE 1\nHEALTHCHECK NONE\nCMD ["x"]', "No module named x"),
+    ('FROM python:3.11-slim\nRUN pip install fastapi==0.1\nEXPOSE 1\nCMD ["uvicorn", "a:b"]', "only 0.165.0 can be installed"),
+    ('FROM python:3.11-slim\nCOPY nothing_here.py .\nEXPOSE 1\nCMD ["python", "nothing_here.py"]', "not in the build context"),
+    ('FROM python:3.11-slim\nEXPOSE 1\nCMD python -m http.server 1', "exec form"),
+])
+def test_images_that_cannot_run_anything_fail_with_a_reason(tmp_path, text, problem):
+    (tmp_path / "Dockerfile").write_text(text)
+    with pytest.raises((ValueError, RuntimeError), match=problem):
+        start_image_command(tmp_path / "Dockerfile", tmp_path, tmp_path / "run", startup_timeout=60)
+
+
+def test_dockerignore_keeps_environments_out_and_the_weights_in():
+    lines = (ROOT / ".dockerignore").read_text().splitlines()
+    assert ".venv" in lines and ".git" in lines and "!build/serving/" in lines
+    assert "PID 1's only child" not in LECTURE_DOCKERFILE.read_text()
+    assert Path(ROOT / "Makefile").read_text().count("helpers.serving.dockerfile") == 1
