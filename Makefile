@@ -15,6 +15,7 @@
 #   make ddp-demo        data-parallel LeNet under torchrun on this machine (NPROC=2)
 #   make serve           serve the course's MNIST model on 127.0.0.1 until Ctrl-C (PORT=8000, WORKERS=1)
 #   make mlflow-ui       MLflow's UI on the kit's tracking store (build/mlflow) on 127.0.0.1 (MLFLOW_PORT=5000)
+#   make monitor         Prometheus over make serve's /metrics with the rules in monitoring/ (PROMETHEUS_PORT=9090)
 #
 # Knobs: DEVICE=cpu|cuda (lectures), B=<name> and QUICK=1 (bench), PYTEST_ARGS=... (test),
 #        COURSE=<folder> (grading targets; default assignments).
@@ -110,3 +111,16 @@ MLFLOW_PORT ?= 5000
 .PHONY: mlflow-ui
 mlflow-ui: setup
 	$(PY) -m helpers.mlops.tracking --port $(MLFLOW_PORT)
+
+# Prometheus (Debian's package) over the targets in monitoring/targets/ with monitoring/rules.yml, on 127.0.0.1
+# until Ctrl-C: installed with apt-get where this user may, else a note saying how.
+PROMETHEUS_PORT ?= 9090
+.PHONY: monitor monitor-tool
+monitor-tool:
+	@command -v prometheus >/dev/null || { if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing prometheus (and promtool) with apt-get"; \
+	  apt-get install -y -q prometheus >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q prometheus >/dev/null 2>&1; } || echo "could not install prometheus"; \
+	else echo "prometheus is not installed and this user cannot install it: sudo apt install prometheus (Debian/Ubuntu), then make monitor again"; exit 1; fi; }
+
+monitor: setup monitor-tool
+	$(PY) -m helpers.mlops.prometheus --port $(PROMETHEUS_PORT)
