@@ -163,7 +163,7 @@ def main() -> None:
 
     import uvicorn
 
-    from helpers.serving.service import create_app
+    from helpers.serving import create_app
 
     parser = argparse.ArgumentParser(prog="python -m helpers.mlops.live", description=main.__doc__)
     parser.add_argument("--tracking-uri", required=True, help="the MLflow store holding the registered model")

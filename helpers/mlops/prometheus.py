@@ -43,9 +43,13 @@ def _duration(seconds: float) -> str:
     return f"{max(round(seconds), 1)}s"
 
 
-def sped_up_rules(text: str, speed_up: float) -> str:
-    """``text`` (a rules file) with every range window ``[..]`` and every ``for:`` divided by ``speed_up`` (at least 1 s)."""
-    text = re.sub(r"\[(\d+(?:ms|s|m|h|d))\]", lambda m: f"[{_duration(_seconds(m.group(1)) / speed_up)}]", text)
+def sped_up_rules(text: str, speed_up: float, shortest_window: float = 5.0) -> str:
+    """``text`` (a rules file) with every range window ``[..]`` and every ``for:`` divided by ``speed_up``.
+
+    Windows stay at least ``shortest_window`` seconds: a rate needs a few scrapes inside its window.
+    """
+    text = re.sub(r"\[(\d+(?:ms|s|m|h|d))\]",
+                  lambda m: f"[{_duration(max(_seconds(m.group(1)) / speed_up, shortest_window))}]", text)
     return re.sub(r"(\bfor:\s*)(\S+)", lambda m: m.group(1) + _duration(_seconds(m.group(2)) / speed_up), text)
 
 
