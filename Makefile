@@ -19,6 +19,7 @@
 #   make serve-llm       the course's language model behind an OpenAI-compatible API on 127.0.0.1 (PORT=8000, SCHEDULER=continuous|static)
 #   make image           build and run lecture 6's image (podman, no registry pull), else run its CMD in a clean venv
 #   make mlflow-ui       MLflow's UI on the kit's tracking store (build/mlflow) on 127.0.0.1 (MLFLOW_PORT=5000)
+#   make monitor         Prometheus over make serve's /metrics with the rules in monitoring/ (PROMETHEUS_PORT=9090)
 #
 # Knobs: DEVICE=cpu|cuda (lectures), B=<name> and QUICK=1 (bench), PYTEST_ARGS=... (test),
 #        COURSE=<folder> (grading targets; default assignments).
@@ -141,3 +142,16 @@ MLFLOW_PORT ?= 5000
 .PHONY: mlflow-ui
 mlflow-ui: setup
 	$(PY) -m helpers.mlops.tracking --port $(MLFLOW_PORT)
+
+# Prometheus (Debian's package) over the targets in monitoring/targets/ with monitoring/rules.yml, on 127.0.0.1
+# until Ctrl-C: installed with apt-get where this user may, else a note saying how.
+PROMETHEUS_PORT ?= 9090
+.PHONY: monitor monitor-tool
+monitor-tool:
+	@command -v prometheus >/dev/null || { if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing prometheus (and promtool) with apt-get"; \
+	  apt-get install -y -q prometheus >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q prometheus >/dev/null 2>&1; } || echo "could not install prometheus"; \
+	else echo "prometheus is not installed and this user cannot install it: sudo apt install prometheus (Debian/Ubuntu), then make monitor again"; exit 1; fi; }
+
+monitor: setup monitor-tool
+	$(PY) -m helpers.mlops.prometheus --port $(PROMETHEUS_PORT)

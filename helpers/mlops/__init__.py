@@ -6,7 +6,9 @@ from helpers.core.lazy import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     ".drift": ["DriftReport", "detect_drift"],
-    ".tracking": ["promote_best", "start_mlflow_ui", "tracked_sweep", "tracking_store"],
-    ".versioning": ["DvcProject", "reproduce_step_by_step"],
+    ".tracking": ["experiment_id", "quiet_mlflow", "start_mlflow_ui", "tracking_store"],
+    ".versioning": ["Shell", "tool_path"],
+    ".live": ["AliasRouter", "InputDriftWindow", "Slowed", "start_alias_service", "watch_inputs"],
+    ".prometheus": ["Prometheus", "sped_up_rules", "watch_alerts"],
     ".monitoring": ["FEATURE_NAMES", "alarm_rates", "behavioural_tests", "pixel_features", "random_split"],
 })

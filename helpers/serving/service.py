@@ -21,6 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from pydantic import Field, TypeAdapter, ValidationError
 from torch import nn
 
+from helpers.mlops import watch_inputs
 from helpers.serving.model import INPUTS
 
 MAX_BATCH = 1024  # inputs per request: a bound on what one request can make the server hold
@@ -68,6 +69,7 @@ def create_app(model: nn.Module, *, threads: int = 1, registry: CollectorRegistr
     """
     model.eval()
     metrics = Metrics(registry)
+    drift = watch_inputs(metrics.registry)  # input drift over a sliding window, read at /metrics (lecture 10)
     limiter = anyio.CapacityLimiter(threads)
 
     def predict_digits(pixels: torch.Tensor) -> list[int]:
@@ -129,6 +131,7 @@ def create_app(model: nn.Module, *, threads: int = 1, registry: CollectorRegistr
         except ValidationError as err:
             return unprocessable(validation_message(err), metrics)
         pixels = torch.tensor(images, dtype=torch.float32)
+        drift.observe(pixels)
         validated = time.perf_counter()
         if batcher and len(pixels) <= batch_size:  # a request bigger than a batch is a batch of its own
             digits = await batcher.submit(pixels)

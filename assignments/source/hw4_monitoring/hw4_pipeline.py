@@ -15,7 +15,10 @@ def scale_pixels(images: torch.Tensor) -> torch.Tensor:
 
 
 def split_indices(n: int, test_share: float, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """A random split of range(n) into (train, test) index tensors, disjoint, covering everything; test has round(n * share)."""
+    """A random split of range(n) into (train, test) index tensors, disjoint, covering everything; test has round(n * share).
+
+    Deterministic: the same (n, test_share, seed) always gives the same split, in any process.
+    """
     if not 0 < test_share < 1:
         raise ValueError(f"test_share must lie in (0, 1), got {test_share}")
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
