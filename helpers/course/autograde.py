@@ -417,7 +417,7 @@ class Grader:
                 if outcome.status == "error":
                     outcome.reason += f" (also on the first try: {first})"
                 else:
-                    outcome.reason = "; ".join(r for r in (outcome.reason, "graded on a second try after a grader error") if r)
+                    outcome.reason = "; ".join(r for r in (outcome.reason, f"graded on a second try after a grader error ({first})") if r)
             return outcome
         finally:
             self.slots.put(slot)

@@ -272,6 +272,9 @@ def feedback(course: Course, assignment_ids: Sequence[str] = (), student_ids: Se
         raise GradingError(f"nothing autograded yet under {course.autograded} (run `make autograde` first)")
     written, failed = [], []
     for student_id, assignment_id in pending:
+        if not any((course.autograded / student_id / assignment_id).glob("*.ipynb")):
+            print(f"no feedback for {student_id}/{assignment_id}: no notebook of it was graded (its reason is in {STATUS_FILE})")
+            continue
         argv = ["generate_feedback", assignment_id, "--student", student_id, "--force"]
         run = run_nbgrader(course, argv, course.log_path("feedback", student_id, assignment_id), timeout=600)
         if run.ok:

@@ -116,7 +116,7 @@ def import_archive(course_root: Path, archive: Path, assignment_id: str, roster:
                 continue
             mode = entry.external_attr >> 16
             try:
-                if mode and not stat.S_ISREG(mode):
+                if stat.S_IFMT(mode) not in (0, stat.S_IFREG):  # no type bits (zips made on Windows, writestr): a file
                     raise Refused("it is a link, device or FIFO, not a regular file")
                 raw, notebook, form = _owner(entry.filename, pattern)
             except Refused as err:
