@@ -51,3 +51,15 @@ def test_threads_apply_during_the_measurement_only():
     report = eager_vs_compiled(tiny_mlp(16, 2), torch.randn(4, 16), device="cpu", backend="no_such_backend", threads=1, min_run_time=0.02)
     assert torch.get_num_threads() == before
     assert report.program.endswith("on 1 CPU thread")
+
+
+def test_a_function_compiled_by_the_caller_is_measured_not_compiled_again():
+    model = torch.nn.Linear(8, 8)
+    x = torch.randn(4, 8)
+    traced = torch.jit.trace(model, x)  # any callable the caller prepared; its first call's time is the caller's figure
+    report = eager_vs_compiled(model, x, device="cpu", min_run_time=0.01, compiled=traced, first_call_seconds=2.0)
+    fast = report.compiled
+    assert fast.first_call_seconds == 2.0 and fast.compile_seconds == pytest.approx(2.0 - fast.steady_seconds)
+    assert fast.max_difference < 1e-5 and report.fallback_reason is None
+    with pytest.raises(ValueError, match="first_call_seconds"):
+        eager_vs_compiled(model, x, device="cpu", compiled=traced)

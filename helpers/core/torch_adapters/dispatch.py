@@ -4,8 +4,7 @@ Relies on: subclassing ``TorchDispatchMode`` and overriding
 ``__torch_dispatch__(self, func, types, args, kwargs)``, called once per aten operator with
 an ``OpOverload`` (``func.overloadpacket``, ``func.namespace``, ``func.is_view``), used as a
 context manager. torch documents the mechanism (``__torch_dispatch__``) but keeps the base
-class in a private module. Also: Tensor's Python-level methods are defined in ``torch._tensor``
-and torch-function dispatch runs in ``torch.overrides`` (``TENSOR_METHOD_MODULES``).
+class in a private module.
 """
 from __future__ import annotations
 
@@ -41,17 +40,4 @@ def check() -> None:
         raise moved("dispatch", "torch.utils._python_dispatch.TorchDispatchMode", f"a mode saw {names} for x + 1 then .view")
     if not hasattr(mode.seen[1], "is_view") or not is_view(mode.seen[1]) or is_view(mode.seen[0]):
         raise moved("dispatch", "torch._ops.OpOverload.is_view", "aten.view is not flagged as a view, or aten.add is")
-    check_tensor_method_modules()
 
-
-# The modules a Python-level tensor method (Tensor.__repr__, __format__, ...) and torch-function dispatch run in on
-# their way from the caller to the operator: a stack walk skips these frames to find who called the method.
-TENSOR_METHOD_MODULES = ("torch.overrides", "torch._tensor")
-
-
-def check_tensor_method_modules() -> None:
-    """Tensor's Python-level methods still live in the module named above, and dispatch in torch.overrides."""
-    where = {torch.Tensor.__repr__.__module__, torch.Tensor.__format__.__module__}
-    if not where <= set(TENSOR_METHOD_MODULES):
-        raise moved("dispatch", "torch._tensor (where Tensor.__repr__ is defined)", f"Tensor's Python methods now live in {sorted(where)}")
-    require("dispatch", "torch.overrides", "handle_torch_function")
