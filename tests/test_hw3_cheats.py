@@ -95,11 +95,13 @@ class Batcher:
     """One model call per submission; three threads that hold the GIL whenever no submission is running."""
 
     busy = 0
+    hogs = []
 
     def __init__(self, predict, max_batch_size=32, max_queue=256):
         self.predict = predict
-        for _ in range(3):
-            threading.Thread(target=self._hog, daemon=True).start()
+        while len(Batcher.hogs) < 3:  # three in all, started once
+            Batcher.hogs.append(threading.Thread(target=self._hog, daemon=True))
+            Batcher.hogs[-1].start()
 
     @classmethod
     def _hog(cls):

@@ -65,18 +65,20 @@ def main() -> None:
     # Ray's own processes (GCS, raylet, workers) on the loopback address only, and its session files in a folder of
     # this run's own that goes when the run does (Ray's default, /tmp/ray/session_*, would stay behind).
     scratch = tempfile.mkdtemp(prefix="edl-ray-")  # short: Ray's unix sockets live below it
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
-             _node_ip_address=LOOPBACK, _temp_dir=scratch)
-    serve.start(http_options={"host": LOOPBACK, "port": args.port})
-    serve.run(build_app(info.path, args.batch_size, args.max_wait_ms), route_prefix="/predict")
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    print(f"Ray Serve on http://{LOOPBACK}:{args.port}/predict", flush=True)
-    stop.wait()
-    serve.shutdown()
-    ray.shutdown()
-    shutil.rmtree(scratch, ignore_errors=True)
+    try:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
+                 _node_ip_address=LOOPBACK, _temp_dir=scratch)
+        serve.start(http_options={"host": LOOPBACK, "port": args.port})
+        serve.run(build_app(info.path, args.batch_size, args.max_wait_ms), route_prefix="/predict")
+        stop = threading.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+        print(f"Ray Serve on http://{LOOPBACK}:{args.port}/predict", flush=True)
+        stop.wait()
+        serve.shutdown()
+        ray.shutdown()
+    finally:  # also when Ray fails to start
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def start_ray_service(batch_size: int = 32, max_wait_ms: float = 2.0, startup_timeout: float = 180.0):
