@@ -69,7 +69,7 @@ def target_only(target, prompt: list[int], max_tokens: int, temperature: float =
 
 @torch.no_grad()
 def speculative_decode(target, draft, prompt: list[int], max_tokens: int, k: int = 4, temperature: float = 0.0,
-                generator: torch.Generator | None = None) -> SpeculativeRun:
+                       generator: torch.Generator | None = None) -> SpeculativeRun:
     """Generate ``max_tokens`` after ``prompt``: the draft proposes ``k`` at a time, one target call checks them."""
     start, tokens = time.perf_counter(), list(prompt)
     target_calls = draft_calls = proposed = accepted = 0
