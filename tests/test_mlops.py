@@ -8,7 +8,7 @@ import torch
 import yaml
 from prometheus_client import CollectorRegistry
 
-from helpers.mlops import AliasRouter, Shell, quiet_mlflow, tool_path, tracking_store
+from helpers.mlops import AliasRouter, Shell, experiment_id, quiet_mlflow, tool_path, tracking_store
 
 pytestmark = pytest.mark.slow
 
@@ -52,9 +52,10 @@ def test_dvc_repro_reruns_the_stage_for_its_data_and_parameters_only(tmp_path):
 
 
 def test_the_router_serves_the_aliases_and_follows_a_moved_alias_without_a_restart(tmp_path):
-    uri, _ = tracking_store(tmp_path)
+    uri, artifacts = tracking_store(tmp_path)
     mlflow = quiet_mlflow(uri)
     client = mlflow.MlflowClient()
+    experiment = experiment_id(mlflow, "router-test", artifacts)  # artifacts in tmp_path, not the working folder
     versions = []
     for bias in (0.0, 1.0):  # two models that answer differently: class 0 always, then class 1 always
         model = torch.nn.Linear(784, 10)
@@ -62,7 +63,7 @@ def test_the_router_serves_the_aliases_and_follows_a_moved_alias_without_a_resta
             model.weight.zero_()
             model.bias.zero_()
             model.bias[int(bias)] = 1.0
-        with mlflow.start_run():
+        with mlflow.start_run(experiment_id=experiment):
             logged = mlflow.pytorch.log_model(model, name="model", serialization_format="pickle", pip_requirements=["torch"])
         versions.append(mlflow.register_model(logged.model_uri, "router-test").version)
     client.set_registered_model_alias("router-test", "champion", versions[0])
