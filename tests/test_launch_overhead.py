@@ -36,6 +36,7 @@ def test_op_chain_runs_length_ops_and_refuses_a_bad_length():
         OpChain(0)
 
 
+@pytest.mark.slow  # the heaviest of the unit tests: left out of make test-fast
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU side: n/a rows where CUDA graphs cannot run")
 def test_on_a_cpu_eager_is_overhead_and_compiling_fuses_it():
     report = measure_launch_overhead(length=12, elements=64, min_run_time=0.05, large_elements=2**18)
