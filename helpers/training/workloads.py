@@ -42,7 +42,7 @@ def make_compute_bound(device: torch.device, n: int | None = None) -> Program:
         return ((a @ b).relu() @ b).relu() @ b
 
     def fixed():
-        with torch.autocast(device.type, dtype=DTYPES[faster], enabled=faster is not None):
+        with torch.autocast(device.type, dtype=DTYPES[faster] if faster else None, enabled=faster is not None):
             return step()
 
     fix = f"{faster} autocast (faster arithmetic)" if faster else "none here: no faster format on this hardware"
