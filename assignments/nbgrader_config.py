@@ -2,8 +2,8 @@
 
 How an assignment is written and graded: assignments/README.md.
 """
-from nbgrader.preprocessors import GetGrades
 from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
+from nbgrader.preprocessors import GetGrades
 
 from helpers.course.feedback_filters import HideHiddenTestTracebacks, RemoveHiddenTests
 

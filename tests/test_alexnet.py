@@ -89,6 +89,7 @@ def test_plot_shows_layers_and_cards_against_the_card(case):
     assert all(t.get_fontsize() >= 10 for legend in (left.get_legend(), right.get_legend()) if legend for t in legend.get_texts())
 
 
+@pytest.mark.slow  # the heaviest of the unit tests: left out of make test-fast
 def test_precision_changes_the_peak():
     fp32 = profile_layer_alexnet(batch_size=32)
     half = profile_layer_alexnet(batch_size=32, precision="fp16")
@@ -97,6 +98,7 @@ def test_precision_changes_the_peak():
         profile_layer_alexnet(precision="int8")
 
 
+@pytest.mark.slow  # the heaviest of the unit tests: left out of make test-fast
 def test_the_layer_chart_follows_the_precision():
     from helpers.hardware.widgets import render_png
 
@@ -108,6 +110,7 @@ def test_the_layer_chart_follows_the_precision():
     assert render_png(fp32) != render_png(half)
 
 
+@pytest.mark.slow  # the heaviest of the unit tests: left out of make test-fast
 def test_one_redraw_estimates_each_batch_size_once(monkeypatch):
     from collections import Counter
 
@@ -125,12 +128,14 @@ def test_one_redraw_estimates_each_batch_size_once(monkeypatch):
     assert seen and max(seen.values()) == 1, [k for k, n in seen.items() if n > 1]
 
 
+@pytest.mark.slow  # the heaviest of the unit tests: left out of make test-fast
 def test_another_network_gets_one_card_figures_only():
     report = profile_layer_alexnet(torchvision_alexnet(), batch_size=16)
     assert report.split is None and not any("GPU 0" in r.configuration for r in report.rows)
     assert report.single_peak_bytes > 0
 
 
+@pytest.mark.slow  # the heaviest of the unit tests: left out of make test-fast
 def test_widget_redraws_the_report_when_its_controls_move():
     explorer = alexnet_explorer(batch_size=128)
     first = explorer.report
@@ -143,6 +148,7 @@ def test_widget_redraws_the_report_when_its_controls_move():
     assert explorer.report.single_peak_bytes < explorer.compute(64, "fp32").single_peak_bytes
 
 
+@pytest.mark.slow  # the heaviest of the unit tests: left out of make test-fast
 def test_a_redraw_draws_the_same_chart_whatever_came_before():
     """Typing 256 as the first change draws exactly what an explorer opened at 256 draws, even with pyplot's state changed."""
     import matplotlib.pyplot as plt

@@ -19,6 +19,7 @@ def pointwise_chain(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+@pytest.mark.slow  # the heaviest of the unit tests: left out of make test-fast
 def test_torch_compile_gives_the_eager_result_and_reports_compile_time_separately():
     graphs_before = graphs_compiled()
     report = eager_vs_compiled(pointwise_chain, torch.randn(16, 64), min_run_time=0.02)

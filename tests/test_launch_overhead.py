@@ -43,6 +43,7 @@ def test_the_chain_and_its_length_are_checked():
         measure_launch_overhead("not a chain", 3, device="cpu")
 
 
+@pytest.mark.slow  # the heaviest of the unit tests: left out of make test-fast
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU side: n/a rows where CUDA graphs cannot run")
 def test_on_a_cpu_eager_is_overhead_and_compiling_fuses_it():
     report = measure_launch_overhead(chain_of(12), 12, elements=64, min_run_time=0.05, large_elements=2**18)

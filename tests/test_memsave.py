@@ -97,6 +97,7 @@ def test_the_one_over_k_scaling_is_right_only_for_a_loss_that_averages_over_the_
     assert all(torch.allclose(4 * a, b, rtol=1e-4, atol=1e-5) for a, b in zip(scaled, whole))
 
 
+@pytest.mark.slow  # the heaviest of the unit tests: left out of make test-fast
 def test_keeping_gradients_estimate_matches_a_real_step(model):
     x = example_batch(model, 4)
     estimate = training_memory(model, x, keeping_gradients("adam"), loss_fn=mean_square_loss)
@@ -106,6 +107,7 @@ def test_keeping_gradients_estimate_matches_a_real_step(model):
     assert estimate.peak_bytes > plain.peak_bytes
 
 
+@pytest.mark.slow  # the heaviest of the unit tests: left out of make test-fast
 def test_autocast_shrinks_activations_but_not_the_training_state(model):
     report = precision_memory(model, batch_size=8, measure=False)
     fp32, amp, master, half = report.rows

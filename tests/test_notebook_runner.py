@@ -114,3 +114,26 @@ def test_lesson_figures_come_back_and_the_runners_cell_leaves_no_trace(tmp_path)
     assert "edl-lesson-figures" not in nbformat.writes(executed) and "edl-lesson-figures" not in run.html.read_text()
     plain = execute_notebook(write_notebook(tmp_path / "g.ipynb", "x = 1"), tmp_path / "out", html=False)
     assert plain.figures is None
+
+
+def test_a_kernel_is_shut_down_without_the_interrupt_jupyter_client_sends_first():
+    """jupyter_client sends SIGINT before a shutdown request; a kernel still finishing its last message then logs
+    "KeyboardInterrupt caught in kernel." into `make lectures`' table. The runner's kernels get the request alone."""
+    import signal
+
+    from helpers.course.notebooks import LocalKernelManager
+
+    class Recording(LocalKernelManager):
+        sent: list = []
+
+        async def _async_signal_kernel(self, signum):
+            self.sent.append(signum)
+            await super()._async_signal_kernel(signum)
+
+    manager = Recording(kernel_name="python3")
+    manager.start_kernel()
+    try:
+        manager.interrupt_kernel()  # an interrupt asked for while it runs still goes through
+    finally:
+        manager.shutdown_kernel()
+    assert manager.sent.count(signal.SIGINT) == 1 and not manager.has_kernel

@@ -28,6 +28,7 @@ def test_offloaded_adam_takes_the_same_steps_as_torch_adam():
     assert state["master"].dtype == torch.float32 and state["exp_avg"].device == torch.device("cpu")
 
 
+@pytest.mark.slow  # the heaviest of the unit tests: left out of make test-fast
 def test_offloading_frees_the_optimizer_state_on_the_device_and_copies_the_parameters_twice():
     model = demo_transformer(layers=2, width=32, seq_len=16, vocab=64)
     params = sum(p.numel() for p in model.parameters())

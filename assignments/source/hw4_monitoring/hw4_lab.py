@@ -19,9 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import torch
-
 import hw4_pipeline
+import torch
 
 FUNCTIONS = ["scale_pixels", "split_indices", "batches", "accuracy"]
 HEADER = "import torch\nfrom hypothesis import given, settings\nfrom hypothesis import strategies as st\n\nimport hw4_pipeline\n\n"
