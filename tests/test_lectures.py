@@ -62,7 +62,9 @@ def making_models_cheaper(f):
 
 def experiment_tracking(f):
     assert f["runs"] == f["grid"]  # one tracked run per point of the grid
-    assert f["champion_run"] == f["best_run"] and f["reloaded_predicts_the_same"]
+    assert f["chosen_on_validation"] == f["best_on_validation"]  # selection on the validation split
+    assert f["champion_run"] == f["chosen_run"] and f["reloaded_predicts_the_same"]
+    assert f["reproduced_metric"] == f["recorded_metric"]  # data v1 checked out from the remote retrains to the same figure
 
 
 def testing_monitoring(f):
