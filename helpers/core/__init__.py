@@ -15,5 +15,7 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     ".step": ["forward_backward", "resolve_amp", "training_step"],
     ".memory": ["bytes_per_param", "measure_training_memory", "profile_layer_mem", "profile_mem", "training_memory"],
     ".paths": ["build_dir"],
+    ".procs": ["LOOPBACK", "free_port"],
+    ".torch_adapters.dispatch": ["TorchDispatchMode"],
     "helpers.core": ["models", "plots"],
 })

@@ -33,14 +33,15 @@ import torch
 import torch.distributed as dist
 
 from helpers.core.procs import redirect_output
+from helpers.core.torch_adapters.dispatch import FIRST_USE_IMPORTS
 
 HOST = "127.0.0.1"
 # What the forkserver imports before it forks workers. Nothing here may initialise CUDA: a child forked
 # from a process that did cannot use the GPU ("Cannot re-initialize CUDA in forked subprocess").
 # (torch.utils.benchmark, for one, asks the CUDA driver for a device count at import time.)
-# torch._dynamo: torch imports it on the first operation under a dispatch mode (count_traffic, FlopCounterMode),
+# FIRST_USE_IMPORTS (torch's compiler front end): torch imports it on the first operation under a dispatch mode (count_traffic, FlopCounterMode),
 # seconds per worker otherwise.
-_PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "helpers.core.workers"]
+_PRELOAD = ["torch", "torch.distributed", FIRST_USE_IMPORTS, "helpers.core.workers"]
 
 
 class WorkerError(RuntimeError):

@@ -14,7 +14,8 @@ from typing import Callable, Iterator
 
 import torch
 import torch.distributed as dist
-from torch.utils._python_dispatch import TorchDispatchMode
+
+from helpers.core.torch_adapters.dispatch import TorchDispatchMode
 
 
 def torch_all_reduce(tensor: torch.Tensor, average: bool = False) -> torch.Tensor:

@@ -10,7 +10,7 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     ".amp": ["amp_comparison", "compute_bound_width", "step_memory"],
     ".data_pipelines": ["padding_strategies", "storage_formats",
                         "synthetic_images"],
-    ".sequences": ["PAD", "pad_to", "padding_share", "synthetic_sequences"],
+    ".sequences": ["PAD", "SequenceData", "pad_to", "padding_share", "synthetic_sequences"],
     ".profiling": ["cprofile", "op_table", "py_spy"],
     ".patterns": ["diagnose", "metrics_from_profiler", "profile_patterns"],
     ".compiling": ["eager_vs_compiled"],

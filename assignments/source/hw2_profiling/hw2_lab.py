@@ -17,9 +17,8 @@ from PIL import Image
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from helpers.core.timing import time_once
-from helpers.core.torch_adapters.dispatch import TorchDispatchMode
-from helpers.training.sequences import PAD, SequenceData, pad_to
+from helpers.core import TorchDispatchMode, time_once
+from helpers.training import PAD, SequenceData, pad_to
 
 # ---------------------------------------------------------------- Part 1: images stored as PNG files
 

@@ -24,7 +24,7 @@ import uvicorn
 from torch import nn
 
 import helpers
-from helpers.core.procs import LOOPBACK, free_port
+from helpers.core import LOOPBACK, free_port
 from helpers.serving import mnist_holdout, mnist_model
 
 KIT_ROOT = str(Path(helpers.__file__).resolve().parents[1])  # the kit, for the eager baseline's own process

@@ -223,13 +223,13 @@ def caught(tests: StudentTests, name: str, broken: Callable | str, clean: str | 
 
 def digits_pixels() -> torch.Tensor:
     """The course's training digits as pixels (N, 784) in 0..1, for the drift part."""
-    from helpers.core.data import load_digits
+    from helpers.core import load_digits
 
     return hw4_pipeline.scale_pixels(load_digits(train=True).images)
 
 
 def heldout_pixels() -> torch.Tensor:
     """The course's held-out digits as pixels (N, 784) in 0..1: the live stream of the drift part is drawn from these."""
-    from helpers.core.data import load_digits
+    from helpers.core import load_digits
 
     return hw4_pipeline.scale_pixels(load_digits(train=False).images)

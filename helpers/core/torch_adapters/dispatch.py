@@ -13,6 +13,8 @@ import torch
 from helpers.core.torch_adapters.changes import moved, require
 
 TorchDispatchMode = require("dispatch", "torch.utils._python_dispatch", "TorchDispatchMode")
+# torch imports this on the first operation under a dispatch mode: processes that will use one import it up front.
+FIRST_USE_IMPORTS = "torch._dynamo"
 
 
 def is_view(func) -> bool:
