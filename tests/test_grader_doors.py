@@ -400,6 +400,7 @@ def test_the_import_hook_holds_in_a_students_notebook(tmp_path, monkeypatch):
     import importlib
 
     monkeypatch.setattr(builtins, "__import__", builtins.__import__)
+    monkeypatch.setattr(kit_use, "_installed", [])  # this process may have installed rules before: start from none
     monkeypatch.setattr(importlib, "import_module", importlib.import_module)
     kit_use.enforce()
     namespace = {"__name__": "__main__"}

@@ -97,10 +97,18 @@ class Rules:
         return self.faces[module.__name__]
 
 
+_installed: list[Rules] = []  # the rules this process holds to: installed once (by the grading runner, or the first cell)
+
+
 def install(assignment: str, kit: tuple[str, ...] | list[str] | None, student_dir: str = ".", trusted_modules=()) -> Rules | None:
-    """Hold imports of ``helpers`` by student code to ``kit`` from now on in this process (None: no restriction)."""
+    """Hold imports of ``helpers`` by student code to ``kit`` from now on in this process (None: no restriction).
+
+    Once per process: a second call (the notebook's first cell, when the grading runner installed the hook
+    before it) changes nothing, so the hook the runner guards stays the one in place."""
     if kit is None:
         return None
+    if _installed:
+        return _installed[0]
     rules = Rules(assignment, tuple(kit), student_dir, tuple(trusted_modules))
     original_import, original_import_module = builtins.__import__, importlib.import_module
 
@@ -129,6 +137,7 @@ def install(assignment: str, kit: tuple[str, ...] | list[str] | None, student_di
 
     builtins.__import__ = importlib.__import__ = kit_import
     importlib.import_module = import_module
+    _installed.append(rules)
     return rules
 
 
