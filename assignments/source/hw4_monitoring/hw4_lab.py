@@ -153,11 +153,13 @@ for line in sys.stdin:
     print(status, flush=True)
 """
 _forker: subprocess.Popen | None = None
+_forker_parent = 0  # the process that started _forker: a forked child starts its own (the pipes and the wait are its parent's)
 
 
 def _fork_runner() -> subprocess.Popen:
-    global _forker
-    if _forker is None or _forker.poll() is not None:
+    global _forker, _forker_parent
+    if _forker is None or _forker_parent != os.getpid() or _forker.poll() is not None:
+        _forker_parent = os.getpid()
         env = {key: value for key, value in os.environ.items() if not key.startswith("PYTHON")}
         _forker = subprocess.Popen([sys.executable, "-I", "-c", FORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                    text=True, env={**env, "PYTHONDONTWRITEBYTECODE": "1"})
@@ -233,3 +235,44 @@ def heldout_pixels() -> torch.Tensor:
     from helpers.core import load_digits
 
     return hw4_pipeline.scale_pixels(load_digits(train=False).images)
+
+
+# The pipeline rewritten with the same behaviour and other code: tests must pass on it too (they may test only
+# what the docstrings promise). The hidden tests check that with run_tests(tests, EQUIVALENT_PIPELINE).
+EQUIVALENT_PIPELINE = '''"""The pipeline rewritten: the same behaviour, other code."""
+import torch
+
+
+def scale_pixels(images):
+    if images.dtype != torch.uint8:
+        raise TypeError(f"scale_pixels takes uint8 images, got {images.dtype}")
+    return images.reshape(images.shape[0], -1).to(torch.float32).div(255.0)
+
+
+def split_indices(n, test_share, seed=0):
+    if not 0 < test_share < 1:
+        raise ValueError(f"test_share must lie in (0, 1), got {test_share}")
+    generator = torch.Generator()
+    generator.manual_seed(seed)
+    order = torch.randperm(n, generator=generator)
+    cut = round(n * test_share)
+    test, train = order[:cut], order[cut:]
+    return train, test
+
+
+def batches(pixels, labels, size):
+    if size < 1:
+        raise ValueError(f"size must be >= 1, got {size}")
+    out, start = [], 0
+    while start < len(labels):
+        out.append((pixels[start:start + size], labels[start:start + size]))
+        start += size
+    return out
+
+
+def accuracy(logits, labels):
+    if len(logits) != len(labels):
+        raise ValueError(f"{len(logits)} rows of logits for {len(labels)} labels")
+    hits = logits.argmax(dim=1).eq(labels)
+    return hits.to(torch.float32).mean().item()
+'''
