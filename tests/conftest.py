@@ -24,6 +24,16 @@ def _close_figures():
     plt.close("all")
 
 
+@pytest.fixture(autouse=True)
+def _no_import_hook_left_behind():
+    """A test that runs an assignment's notebook in this process must take its import hook away again (kit_use.scoped)."""
+    import builtins
+
+    before = builtins.__import__
+    yield
+    assert builtins.__import__ is before, "this test left an assignment's import hook installed: run notebooks inside kit_use.scoped()"
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``gpu`` run where CUDA is; elsewhere each is skipped and says so (``make test-gpu`` runs them on a GPU)."""
     import torch

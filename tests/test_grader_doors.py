@@ -397,16 +397,18 @@ def test_the_import_hook_holds_in_a_students_notebook(tmp_path, monkeypatch):
     (tmp_path / "assignment.toml").write_text('kit = ["helpers.core.launch"]\nsupport_modules = []\n')
     monkeypatch.chdir(tmp_path)
     import builtins
-    import importlib
 
-    monkeypatch.setattr(builtins, "__import__", builtins.__import__)
-    monkeypatch.setattr(kit_use, "_installed", [])  # this process may have installed rules before: start from none
-    monkeypatch.setattr(importlib, "import_module", importlib.import_module)
-    kit_use.enforce()
-    namespace = {"__name__": "__main__"}
-    exec("from helpers.core import launch", namespace)  # noqa: S102
-    for source in ("from helpers.serving import export_onnx", "import helpers.serving", "import helpers\nhelpers.pick_device",
-                   "import importlib\nimportlib.import_module('helpers.training')"):
-        with pytest.raises(ImportError, match="not part of the kit that .* may use"):
-            exec(source, dict(namespace))  # noqa: S102
+    before = builtins.__import__
+    with kit_use.scoped():
+        kit_use.enforce()
+        namespace = {"__name__": "__main__"}
+        exec("from helpers.core import launch", namespace)  # noqa: S102
+        for source in ("from helpers.serving import export_onnx", "import helpers.serving", "import helpers\nhelpers.pick_device",
+                       "import importlib\nimportlib.import_module('helpers.training')"):
+            with pytest.raises(ImportError, match="not part of the kit that .* may use"):
+                exec(source, dict(namespace))  # noqa: S102
+        config = {"c": {}, "__file__": str(tmp_path.parent / "course" / "nbgrader_config.py")}  # how traitlets runs a course's config file
+        exec("from helpers.course.feedback_filters import RemoveHiddenTests", config)  # noqa: S102
+    exec("from helpers.serving import start_ray_service", {"__name__": "__main__"})  # noqa: S102 - the hook is gone afterwards
+    assert builtins.__import__ is before
     assert lms_import.MAX_RATIO > 1

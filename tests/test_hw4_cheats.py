@@ -15,7 +15,7 @@ import time
 import nbformat
 import pytest
 
-from helpers.course import assignments
+from helpers.course import assignments, kit_use
 
 from .grading_support import ROOT
 
@@ -31,20 +31,21 @@ def graded_cells(notebook: str, replace: dict[str, str] | None = None) -> dict[s
     os.chdir(FOLDER)
     sys.path.insert(0, str(FOLDER))
     try:
-        for index, cell in enumerate(nb.cells):
-            if cell.cell_type != "code":
-                continue
-            grade_id = assignments.grade_id(cell)
-            source = (replace or {}).get(grade_id, cell.source)
-            filename = f"<hw4-{notebook}-cell-{index}>"
-            linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-            try:
-                exec(compile(source, filename, "exec"), namespace)  # noqa: S102 - running a notebook is the job
-                error = ""
-            except BaseException as err:  # noqa: BLE001 - a failing cell is an outcome here
-                error = f"{type(err).__name__}: {err}"[:300]
-            if cell.metadata.get("nbgrader", {}).get("grade"):
-                outcome[grade_id] = error
+        with kit_use.scoped():  # the first cell installs the assignment's import hook; it goes with the run
+            for index, cell in enumerate(nb.cells):
+                if cell.cell_type != "code":
+                    continue
+                grade_id = assignments.grade_id(cell)
+                source = (replace or {}).get(grade_id, cell.source)
+                filename = f"<hw4-{notebook}-cell-{index}>"
+                linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+                try:
+                    exec(compile(source, filename, "exec"), namespace)  # noqa: S102 - running a notebook is the job
+                    error = ""
+                except BaseException as err:  # noqa: BLE001 - a failing cell is an outcome here
+                    error = f"{type(err).__name__}: {err}"[:300]
+                if cell.metadata.get("nbgrader", {}).get("grade"):
+                    outcome[grade_id] = error
     finally:
         os.chdir(here)
         sys.path.remove(str(FOLDER))

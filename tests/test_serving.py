@@ -1,6 +1,7 @@
 """helpers.serving: the model service as a real process on 127.0.0.1: answers, validation, metrics, load, clean stops."""
 from __future__ import annotations
 
+import ipaddress
 import json
 import signal
 import subprocess
@@ -229,10 +230,16 @@ def test_ray_serve_answers_like_the_kit_and_leaves_no_process_behind(holdout):
         sessions = {p.parent.parent for pid in family if psutil.pid_exists(pid) for p in _open_unix_sockets(pid)}
     with torch.no_grad():
         assert answer == mnist_model()[0](pixels).argmax(1).tolist()
-    assert listening and all(ip == "127.0.0.1" for ip, _, _ in listening), f"listening beyond the loopback: {sorted(listening)}"
+    assert listening and all(_loopback(ip) for ip, _, _ in listening), f"listening beyond the loopback: {sorted(listening)}"
     time.sleep(1)
     assert not [p for p in family if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert not [s for s in sessions if s.exists()], f"Ray left its session files behind: {sessions}"
+
+
+def _loopback(ip: str) -> bool:
+    """127.0.0.1, also as gRPC writes it on a dual-stack socket (::ffff:127.0.0.1); not 0.0.0.0, :: or a real address."""
+    address = ipaddress.ip_address(ip)
+    return (getattr(address, "ipv4_mapped", None) or address) == ipaddress.ip_address("127.0.0.1")
 
 
 def _connections(pid):

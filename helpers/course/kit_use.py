@@ -19,6 +19,7 @@ assignment check the property they grade, and the graded notebook shows such dig
 from __future__ import annotations
 
 import builtins
+import contextlib
 import importlib
 import os
 import sys
@@ -69,12 +70,11 @@ class Rules:
         """Code of the notebook (``__main__``) or of a module in the student's folder that is not a support module."""
         if not isinstance(namespace, dict):
             return False
-        name = namespace.get("__name__")
-        if name == "__main__" or name is None:
+        name, path = namespace.get("__name__"), namespace.get("__file__")
+        if name == "__main__" or (name is None and path is None):
             return True
-        path = namespace.get("__file__")
-        if not isinstance(path, str) or name.split(".")[0] in self.trusted_modules:
-            return False
+        if not isinstance(path, str) or (name or "").split(".")[0] in self.trusted_modules:
+            return False  # a file run without a module name (a config file that traitlets executes) is judged by its folder
         return os.path.dirname(os.path.realpath(path)).startswith(self.student_dir)
 
     def face(self, module: types.ModuleType) -> types.ModuleType:
@@ -139,6 +139,19 @@ def install(assignment: str, kit: tuple[str, ...] | list[str] | None, student_di
     importlib.import_module = import_module
     _installed.append(rules)
     return rules
+
+
+@contextlib.contextmanager
+def scoped():
+    """Run notebooks in this process (the kit's tests do): their first cell installs its own rules, and afterwards
+    the process is as it was (its import functions and rules restored)."""
+    saved = builtins.__import__, importlib.__import__, importlib.import_module, list(_installed)
+    _installed.clear()
+    try:
+        yield
+    finally:
+        builtins.__import__, importlib.__import__, importlib.import_module = saved[:3]
+        _installed[:] = saved[3]
 
 
 def enforce(folder: str | Path = ".") -> None:

@@ -8,6 +8,7 @@ that the kit's batcher can be measured against it under the same load.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import signal
 import tempfile
@@ -16,6 +17,21 @@ import threading
 import torch
 
 from helpers.core.procs import LOOPBACK
+
+# Ray on Linux replaces a loopback node address by the machine's reachable one (and its servers then listen there);
+# with clusters off it keeps 127.0.0.1, and so does every server it starts (GCS, raylet, agents, workers).
+SINGLE_MACHINE = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
+def replicas_on_loopback() -> None:
+    """Ray's worker setup hook: a Serve replica's inter-deployment gRPC server on 127.0.0.1, not on every interface.
+
+    Ray Serve (2.60) binds that server to ``[::]:0`` with no setting to change it; this narrows the address it
+    is given. tests/test_serving.py checks that every process of the service listens on the loopback only."""
+    from ray.serve._private import replica
+
+    bind = replica.add_port_to_grpc_server
+    replica.add_port_to_grpc_server = lambda server, address: bind(server, address.replace("[::]", LOOPBACK))
 
 
 def build_app(model_path: str, max_batch_size: int, max_wait_ms: float):
@@ -55,6 +71,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--max-wait-ms", type=float, default=2.0)
     args = parser.parse_args()
+    os.environ.update(SINGLE_MACHINE)  # before Ray reads it (also when this module is run by hand)
 
     import ray
     from ray import serve
@@ -67,7 +84,8 @@ def main() -> None:
     scratch = tempfile.mkdtemp(prefix="edl-ray-")  # short: Ray's unix sockets live below it
     try:
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
-                 _node_ip_address=LOOPBACK, _temp_dir=scratch)
+                 _node_ip_address=LOOPBACK, _temp_dir=scratch,
+                 runtime_env={"worker_process_setup_hook": replicas_on_loopback})
         serve.start(http_options={"host": LOOPBACK, "port": args.port})
         serve.run(build_app(info.path, args.batch_size, args.max_wait_ms), route_prefix="/predict")
         stop = threading.Event()
@@ -94,7 +112,7 @@ def start_ray_service(batch_size: int = 32, max_wait_ms: float = 2.0, startup_ti
     command = [sys.executable, "-m", "helpers.serving.ray_service", "--port", str(port), "--batch-size", str(batch_size),
                "--max-wait-ms", str(max_wait_ms)]
     return ServedProcess(command, port, health_path="/-/healthz", log_path=build_dir("serving") / f"ray-{port}.log",
-                         env={"RAY_USAGE_STATS_ENABLED": "0", "RAY_DEDUP_LOGS": "0"}, startup_timeout=startup_timeout)
+                         env={"RAY_USAGE_STATS_ENABLED": "0", "RAY_DEDUP_LOGS": "0", **SINGLE_MACHINE}, startup_timeout=startup_timeout)
 
 
 if __name__ == "__main__":
