@@ -1,15 +1,15 @@
 """HW1 graded against submissions that take a short cut: each earns nothing on the task it targets, the reference full marks.
 
-One copy of the course holding HW1 alone is released and graded once (sandboxed, as `make autograde` does):
+One copy of the course holding HW1 alone is released and graded once (sandboxed, as `make autograde` does).
+Each cheat hands in the notebook it targets only (the others are reported missing): the reference notebook with
+one solution cell replaced, so it scores that notebook's points minus exactly the targeted task's.
 
-- ``honest``: the reference solutions; ``untouched``: the released student version as it is;
 - ``c10d_bypass``: part 1's ring all-reduce as one call of ``torch.distributed.distributed_c10d.all_reduce``,
   a route to the collective that no ``dist.<name>`` patch sees;
 - ``root_predicts``: part 3's distributed prediction computed on the root for every input, with one dummy
   scatter and gather so that the other ranks take part in the messages but do none of the work.
 
-Each cheat is the reference with one solution cell replaced, so its score is the reference's minus exactly the
-targeted task's points.
+The reference (full marks) and the released version (nothing) are graded by tests/test_assignments.py.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from helpers.course.grading import Course, read_status
 
 from .grading_support import ROOT, copy_course, submit, with_solution
 
-pytestmark = pytest.mark.timeout(3600)  # the fixture grades four whole HW1 submissions (minutes each on a loaded machine)
+pytestmark = [pytest.mark.grading, pytest.mark.timeout(1800)]  # the fixture grades two HW1 notebooks in the sandbox
 
 HW1 = "hw1_distributed"
 SOURCE = ROOT / "assignments" / "source" / HW1
@@ -65,10 +65,8 @@ def graded(tmp_path_factory):
     course = Course(root)
     grading.release(course)
     honest = reference()
-    submit(root, "honest", HW1, honest)
-    submit(root, "untouched", HW1, {p.name: assignments.read(p) for p in assignments.notebooks(root / "release" / HW1)})
     for student, (notebook, grade_id, source, _) in CHEATS.items():
-        submit(root, student, HW1, {**honest, notebook: with_solution(honest[notebook], grade_id, source)})
+        submit(root, student, HW1, {notebook: with_solution(honest[notebook], grade_id, source)})
     start = time.monotonic()
     report = grading.autograde(course, jobs=2)
     seconds = time.monotonic() - start
@@ -81,22 +79,13 @@ def test_the_cheats_target_real_solution_cells():
     for notebook, grade_id, _, points in CHEATS.values():
         ids = [assignments.grade_id(c) for c in honest[notebook].cells]
         assert grade_id in ids, f"{notebook} has no cell {grade_id}"
-        assert points > 0
-
-
-def test_the_reference_scores_full_marks(graded):
-    row = graded["status"][("honest", HW1)]
-    assert row["status"] == "graded", row["reason"]
-    assert float(row["score"]) == float(row["max_score"]) == 22.0, row
-
-
-def test_the_released_version_scores_nothing(graded):
-    row = graded["status"][("untouched", HW1)]
-    assert float(row["score"]) == 0.0 and float(row["max_score"]) == 22.0, row
+        assert 0 < points < assignments.max_points(honest[notebook])
 
 
 @pytest.mark.parametrize("student", sorted(CHEATS))
 def test_a_cheat_scores_nothing_on_the_task_it_targets(graded, student):
+    notebook, _, _, points = CHEATS[student]
     row = graded["status"][(student, HW1)]
     assert row["status"] == "graded", row["reason"]
-    assert float(row["score"]) == 22.0 - CHEATS[student][3], row
+    assert float(row["max_score"]) == 22.0 and "missing" in row["reason"], row
+    assert float(row["score"]) == assignments.max_points(reference()[notebook]) - points, row

@@ -23,6 +23,8 @@ from helpers.course import assignments
 
 from .grading_support import ROOT, execute_allowing_errors
 
+pytestmark = [pytest.mark.notebooks, pytest.mark.grading]  # papermill runs of the assignment's notebooks
+
 HW2 = ROOT / "assignments" / "source" / "hw2_profiling"
 
 SYNC_FROM_TORCH_NAMED_MODULE = '''import types

@@ -15,6 +15,8 @@ from helpers.course import assignments
 
 from .grading_support import ROOT, execute_allowing_errors, with_solution
 
+pytestmark = [pytest.mark.notebooks, pytest.mark.grading]  # papermill runs of the assignment's notebooks
+
 SOURCE = ROOT / "assignments" / "source" / "hw3_deployment"
 
 FIRST_PIXEL_VALIDATOR = '''def create_service(model):
@@ -121,8 +123,10 @@ class Batcher:
 MODEL_ON_THE_EVENT_LOOP = None  # filled in from the reference below: the same service with the model inside `async def`
 
 CASES = {
-    "first_pixel_validator": ("part1_service.ipynb", {"task1_service": FIRST_PIXEL_VALIDATOR}, ["task1_test_validation"]),
-    "dockerfile_that_runs_nothing": ("part1_service.ipynb", {"task3_dockerfile": DOCKERFILE_THAT_RUNS_NOTHING}, ["task3_test_dockerfile"]),
+    # two cheats on independent tasks of one notebook, in one run: each loses its own test, the rest still earns
+    "first_pixel_validator+dockerfile_that_runs_nothing": ("part1_service.ipynb",
+                                                           {"task1_service": FIRST_PIXEL_VALIDATOR, "task3_dockerfile": DOCKERFILE_THAT_RUNS_NOTHING},
+                                                           ["task1_test_validation", "task3_test_dockerfile"]),
     "model_on_the_event_loop": ("part1_service.ipynb", {}, ["task1_test_concurrency"]),
     "hook_on_the_notebooks_model": ("part2_export_and_optimise.ipynb", {"task3_fast": EAGER_WITH_A_HOOK_ON_THE_BASELINE}, ["task3_test_speed"]),
     "memoised_on_data_ptr": ("part2_export_and_optimise.ipynb", {"task3_fast": MEMOISED_ON_DATA_PTR}, ["task3_test_speed"]),

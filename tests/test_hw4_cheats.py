@@ -19,6 +19,8 @@ from helpers.course import assignments, kit_use
 
 from .grading_support import ROOT
 
+pytestmark = [pytest.mark.notebooks, pytest.mark.grading]  # the assignment's notebooks run in this process
+
 FOLDER = ROOT / "assignments" / "source" / "hw4_monitoring"
 
 

@@ -137,3 +137,12 @@ def test_a_kernel_is_shut_down_without_the_interrupt_jupyter_client_sends_first(
     finally:
         manager.shutdown_kernel()
     assert manager.sent.count(signal.SIGINT) == 1 and not manager.has_kernel
+
+
+
+def test_the_kernels_sockets_stay_out_of_the_notebooks_folder(tmp_path):
+    """The kernel's Unix sockets live in a private folder under /tmp: a kernel that dies cannot litter (and break copies of) the course."""
+    notebook = write_notebook(tmp_path / "look.ipynb", "import os\nhere = sorted(os.listdir('.'))\nassert here == ['look.ipynb', 'out'], here")
+    run = execute_notebook(notebook, tmp_path / "out", html=False)
+    assert run.status == "ok", run.error
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["look.ipynb", "out"]

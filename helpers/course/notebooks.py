@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import argparse
 import ast
+import atexit
 import os
 import re
 import shutil
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,6 +111,17 @@ def describe_failure(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}"
 
 
+_SOCKETS: list[str] = []
+
+
+def _socket_folder() -> str:
+    """One private folder per process for the kernels' Unix sockets, removed when the process ends."""
+    if not _SOCKETS:
+        _SOCKETS.append(tempfile.mkdtemp(prefix="edl-kernels-"))
+        atexit.register(shutil.rmtree, _SOCKETS[0], True)
+    return _SOCKETS[0]
+
+
 class LocalKernelManager(KernelManager):
     """A kernel reached through Unix-domain sockets (ZeroMQ's ipc transport) instead of localhost TCP.
 
@@ -119,6 +132,14 @@ class LocalKernelManager(KernelManager):
     @default("transport")
     def _local_transport(self):
         return "ipc" if sys.platform != "win32" else "tcp"
+
+    @default("ip")
+    def _socket_prefix(self):
+        # jupyter_client puts ipc sockets in the working directory (the notebook's folder) unless told otherwise;
+        # a kernel that dies leaves them there, where they break copies of the folder. They go to /tmp instead.
+        if self.transport != "ipc":
+            return super()._ip_default()
+        return os.path.join(_socket_folder(), "kernel")
 
     async def _async_interrupt_kernel(self) -> None:
         # jupyter_client interrupts a kernel (SIGINT) before asking it to shut down; one still finishing its last
