@@ -43,6 +43,7 @@ def web_services(f):
     assert all(f["same_answers"])  # gRPC answers what HTTP answers
     sizes = f["request_bytes"]
     assert sizes["gRPC + protobuf"] < sizes["HTTP + JSON"]  # 4 bytes a pixel against its decimal text
+    assert f["rejected"]["counted"] == f["rejected"]["sent"]  # the service's counter saw every bad request it refused
 
 
 def formats_runtimes_batching(f):
