@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, ContextManager, Sequence
 
 from helpers.core.procs import ServedProcess
 from helpers.core.report import Report, column, format_seconds
@@ -35,19 +35,22 @@ class ServerComparison(Report):
 
 def compare_servers(payloads: Sequence[dict], setups: Sequence[tuple[int, int]] = ((1, 1), (1, 2), (2, 1)),
                     concurrency: int = 16, max_requests: int = 400, max_seconds: float = 10.0,
-                    start: Callable[[int, int], ServedProcess] | None = None) -> ServerComparison:
-    """Start a service per (processes, threads) setup in turn, load each the same way, and stop it.
+                    start: Callable[[int, int], ContextManager[ServedProcess]] | None = None) -> ServerComparison:
+    """Start a service per (processes, threads) setup in turn, warm it up, load each the same way, and stop it.
 
-    ``start(processes, threads)`` starts one (default: the kit's service, ``start_service``).
+    ``start(processes, threads)`` returns a context manager giving the service (default: the kit's own, from
+    ``start_service``; a service already running can be lent with ``contextlib.nullcontext(service)``).
     """
     start = start or (lambda workers, threads: start_service(workers=workers, threads=threads))
     rows = []
     for workers, threads in setups:
         with start(workers, threads) as service:
+            load_test(service.url + "/predict", payloads, concurrency, concurrency, max_seconds)  # warm-up: connections, first calls
             level = load_test(service.url + "/predict", payloads, concurrency, max_requests, max_seconds).rows[0]
         name = f"{workers} process{'es' if workers > 1 else ''} x {threads} thread{'s' if threads > 1 else ''}"
         rows.append(ServerSetup(name, workers, threads, level.throughput, level.p50, level.p99, level.errors))
-    return ServerComparison(rows, [f"Each server: {max_requests} requests at concurrency {concurrency} (at most {max_seconds:g} s); "
+    return ServerComparison(rows, [f"Each server: {max_requests} requests at concurrency {concurrency} (at most {max_seconds:g} s), "
+                                   f"after {concurrency} warm-up requests; "
                                    "one torch thread per model call."])
 
 
