@@ -44,6 +44,7 @@ def web_services(f):
     sizes = f["request_bytes"]
     assert sizes["gRPC + protobuf"] < sizes["HTTP + JSON"]  # 4 bytes a pixel against its decimal text
     assert f["rejected"]["counted"] == f["rejected"]["sent"]  # the service's counter saw every bad request it refused
+    assert f["predicted"]["counted"] == f["predicted"]["answered"]  # and every image it answered, once
 
 
 def formats_runtimes_batching(f):

@@ -19,6 +19,7 @@ class ServerSetup:
     p50: float = column("p50", format_seconds)
     p99: float = column("p99", format_seconds)
     errors: int = column("errors")
+    answered: int = 0  # requests answered without error, warm-up included (what the server's own counters saw)
 
 
 class ServerComparison(Report):
@@ -45,10 +46,11 @@ def compare_servers(payloads: Sequence[dict], setups: Sequence[tuple[int, int]] 
     rows = []
     for workers, threads in setups:
         with start(workers, threads) as service:
-            load_test(service.url + "/predict", payloads, concurrency, concurrency, max_seconds)  # warm-up: connections, first calls
+            warm = load_test(service.url + "/predict", payloads, concurrency, concurrency, max_seconds).rows[0]  # connections, first calls
             level = load_test(service.url + "/predict", payloads, concurrency, max_requests, max_seconds).rows[0]
         name = f"{workers} process{'es' if workers > 1 else ''} x {threads} thread{'s' if threads > 1 else ''}"
-        rows.append(ServerSetup(name, workers, threads, level.throughput, level.p50, level.p99, level.errors))
+        rows.append(ServerSetup(name, workers, threads, level.throughput, level.p50, level.p99, level.errors,
+                                warm.requests - warm.errors + level.requests - level.errors))
     return ServerComparison(rows, [f"Each server: {max_requests} requests at concurrency {concurrency} (at most {max_seconds:g} s), "
                                    f"after {concurrency} warm-up requests; "
                                    "one torch thread per model call."])
