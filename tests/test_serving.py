@@ -18,6 +18,7 @@ import torch
 from helpers.core.procs import free_port
 from helpers.serving import (
     check_dockerfile,
+    compare_servers,
     grpc_predict,
     load_test,
     mnist_holdout,
@@ -225,6 +226,21 @@ def test_start_app_serves_a_files_app_with_its_environment_and_stops_it(tmp_path
     assert not served.running and not psutil.pid_exists(health["pid"])
     with pytest.raises(FileNotFoundError, match="no Python file"):
         start_app(tmp_path / "missing.py")
+
+
+def test_compare_servers_loads_what_its_start_callable_gives_and_counts_what_was_answered(tmp_path):
+    source = tmp_path / "tiny_service.py"
+    source.write_text(APP_FILE)
+    started = []
+
+    def start(processes, threads):
+        started.append((processes, threads))
+        return start_app(source, workers=processes, env={"GREETING": "hi"})
+
+    report = compare_servers([{"inputs": [[0.0]]}], setups=[(1, 1)], concurrency=2, max_requests=10, start=start)
+    (row,) = report.rows
+    assert started == [(1, 1)] and row.setup == "1 process x 1 thread"
+    assert row.errors == 0 and row.answered == 2 + 10 and row.throughput > 0  # 2 warm-up requests, then the 10 measured
 
 
 @pytest.fixture(scope="module")
