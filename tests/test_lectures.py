@@ -43,6 +43,8 @@ def web_services(f):
     assert all(f["same_answers"])  # gRPC answers what HTTP answers
     sizes = f["request_bytes"]
     assert sizes["gRPC + protobuf"] < sizes["HTTP + JSON"]  # 4 bytes a pixel against its decimal text
+    assert f["rejected"]["counted"] == f["rejected"]["sent"]  # the service's counter saw every bad request it refused
+    assert f["predicted"]["counted"] == f["predicted"]["answered"]  # and every image it answered, once
 
 
 def formats_runtimes_batching(f):

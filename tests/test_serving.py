@@ -18,15 +18,17 @@ import torch
 from helpers.core.procs import free_port
 from helpers.serving import (
     check_dockerfile,
+    compare_servers,
     grpc_predict,
-    http_vs_grpc,
     load_test,
     mnist_holdout,
     mnist_model,
     read_metrics,
     request_breakdown,
     server_timing,
+    start_app,
     start_service,
+    timing_entries,
 )
 
 pytestmark = pytest.mark.slow
@@ -190,6 +192,57 @@ def test_a_request_breakdown_adds_up_to_the_clients_total(service, holdout):
     assert parts == pytest.approx(report.find(phase="client total").median, rel=0.5)  # medians of parts need not add up exactly
 
 
+def test_server_timing_entries_keep_their_descriptions_and_order():
+    header = 'validate;desc="parse and validate";dur=0.250, model;dur=2, cache;desc="hit"'
+    assert timing_entries(header) == [("validate", "parse and validate", 0.00025), ("model", "", 0.002), ("cache", "hit", 0.0)]
+    assert server_timing(header) == {"validate": 0.00025, "model": 0.002, "cache": 0.0}
+
+
+APP_FILE = """
+import os, time
+from fastapi import FastAPI, Response
+app = FastAPI()
+@app.get("/health")
+def up():
+    return {"greeting": os.environ["GREETING"], "pid": os.getpid()}
+@app.post("/predict")
+def answer():
+    time.sleep(0.002)
+    return Response('{"predictions": [1]}', media_type="application/json",
+                    headers={"Server-Timing": 'think;desc="thinking";dur=2.0'})
+"""
+
+
+def test_start_app_serves_a_files_app_with_its_environment_and_stops_it(tmp_path, holdout):
+    source = tmp_path / "tiny_service.py"
+    source.write_text(APP_FILE)
+    with start_app(source, env={"GREETING": "hello"}) as served:
+        health = httpx.get(served.url + "/health").json()
+        assert health["greeting"] == "hello" and psutil.Process(health["pid"]).is_running()
+        assert ipaddress.ip_address(served.url.split("//")[1].split(":")[0]).is_loopback
+        report = request_breakdown(served.url, holdout[0], requests=3)  # the phases are the server's, labelled by desc
+        assert [r.phase for r in report.rows] == ["thinking", "HTTP, network and framework", "client total"]
+        assert report.find(phase="thinking").median == pytest.approx(0.002)
+    assert not served.running and not psutil.pid_exists(health["pid"])
+    with pytest.raises(FileNotFoundError, match="no Python file"):
+        start_app(tmp_path / "missing.py")
+
+
+def test_compare_servers_loads_what_its_start_callable_gives_and_counts_what_was_answered(tmp_path):
+    source = tmp_path / "tiny_service.py"
+    source.write_text(APP_FILE)
+    started = []
+
+    def start(processes, threads):
+        started.append((processes, threads))
+        return start_app(source, workers=processes, env={"GREETING": "hi"})
+
+    report = compare_servers([{"inputs": [[0.0]]}], setups=[(1, 1)], concurrency=2, max_requests=10, start=start)
+    (row,) = report.rows
+    assert started == [(1, 1)] and row.setup == "1 process x 1 thread"
+    assert row.errors == 0 and row.answered == 2 + 10 and row.throughput > 0  # 2 warm-up requests, then the 10 measured
+
+
 @pytest.fixture(scope="module")
 def both_protocols():
     with start_service(grpc=True) as served:
@@ -209,12 +262,6 @@ def test_bad_grpc_input_is_invalid_argument_with_a_message(both_protocols, holdo
     with pytest.raises(grpc.RpcError) as raised:
         grpc_predict(both_protocols.grpc_address, bad(holdout[0][:3]))
     assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT and says in raised.value.details()
-
-
-def test_the_protocol_comparison_reports_both_and_agrees(both_protocols, holdout):
-    report = http_vs_grpc(both_protocols, holdout[0], requests=10)
-    assert [r.protocol for r in report.rows] == ["HTTP + JSON", "gRPC + protobuf"]
-    assert report.rows[1].same_answers and report.rows[1].request_bytes < report.rows[0].request_bytes
 
 
 def test_ray_serve_answers_like_the_kit_and_leaves_no_process_behind(holdout):

@@ -6,9 +6,9 @@ from helpers.core.lazy import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     ".model": ["ModelInfo", "ServedMLP", "flat_pixels", "load_model", "mnist_holdout", "mnist_model", "train_mnist_model"],
-    ".service": ["MAX_BATCH", "create_app", "server_timing"],
-    ".server": ["start_service"],
-    ".experiments": ["batching_tradeoff", "compare_servers", "http_vs_grpc", "kit_vs_ray_serve"],
+    ".service": ["MAX_BATCH", "create_app", "server_timing", "timing_entries"],
+    ".server": ["start_app", "start_service"],
+    ".experiments": ["batching_tradeoff", "compare_servers", "kit_vs_ray_serve"],
     ".ray_service": ["start_ray_service"],
     ".batching": ["DynamicBatcher"],
     ".export": ["file_sizes_and_accuracy", "parity"],

@@ -326,7 +326,8 @@ def main(argv: list[str] | None = None) -> int:
                            port, log_path=build_dir("serving") / "image.log", startup_timeout=120) as served:
             print(f"podman: {tag} answered {urllib.request.urlopen(served.url + '/health').status} on /health")
         return 0
-    why = ("podman is not installed" if not podman else
+    why = ("podman is not installed (install it, e.g. `apt-get install podman`, and `make image` builds and runs the image)"
+           if not podman else
            f"podman has no local {base} image, and this kit never pulls from a registry (build one from Debian's "
            "packages, e.g. with mmdebstrap, and tag it so)")
     print(f"{why}: running the image's CMD in a clean virtual environment that holds only what the Dockerfile installs")

@@ -1,9 +1,10 @@
-"""Lecture 6's experiments that start their own services: process workers against in-process threads."""
+"""Experiments that start their own services: process workers against threads (lecture 6), batching and Ray Serve (lecture 7)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, ContextManager, Sequence
 
+from helpers.core.procs import ServedProcess
 from helpers.core.report import Report, column, format_seconds
 from helpers.serving.load import load_test
 from helpers.serving.server import start_service
@@ -18,6 +19,7 @@ class ServerSetup:
     p50: float = column("p50", format_seconds)
     p99: float = column("p99", format_seconds)
     errors: int = column("errors")
+    answered: int = 0  # requests answered without error, warm-up included (what the server's own counters saw)
 
 
 class ServerComparison(Report):
@@ -33,63 +35,25 @@ class ServerComparison(Report):
 
 
 def compare_servers(payloads: Sequence[dict], setups: Sequence[tuple[int, int]] = ((1, 1), (1, 2), (2, 1)),
-                    concurrency: int = 16, max_requests: int = 400, max_seconds: float = 10.0) -> ServerComparison:
-    """Start a service per (processes, threads) setup in turn, load each the same way, and stop it."""
+                    concurrency: int = 16, max_requests: int = 400, max_seconds: float = 10.0,
+                    start: Callable[[int, int], ContextManager[ServedProcess]] | None = None) -> ServerComparison:
+    """Start a service per (processes, threads) setup in turn, warm it up, load each the same way, and stop it.
+
+    ``start(processes, threads)`` returns a context manager giving the service (default: the kit's own, from
+    ``start_service``; a service already running can be lent with ``contextlib.nullcontext(service)``).
+    """
+    start = start or (lambda workers, threads: start_service(workers=workers, threads=threads))
     rows = []
     for workers, threads in setups:
-        with start_service(workers=workers, threads=threads) as service:
+        with start(workers, threads) as service:
+            warm = load_test(service.url + "/predict", payloads, concurrency, concurrency, max_seconds).rows[0]  # connections, first calls
             level = load_test(service.url + "/predict", payloads, concurrency, max_requests, max_seconds).rows[0]
         name = f"{workers} process{'es' if workers > 1 else ''} x {threads} thread{'s' if threads > 1 else ''}"
-        rows.append(ServerSetup(name, workers, threads, level.throughput, level.p50, level.p99, level.errors))
-    return ServerComparison(rows, [f"Each server: {max_requests} requests at concurrency {concurrency} (at most {max_seconds:g} s); "
+        rows.append(ServerSetup(name, workers, threads, level.throughput, level.p50, level.p99, level.errors,
+                                warm.requests - warm.errors + level.requests - level.errors))
+    return ServerComparison(rows, [f"Each server: {max_requests} requests at concurrency {concurrency} (at most {max_seconds:g} s), "
+                                   f"after {concurrency} warm-up requests; "
                                    "one torch thread per model call."])
-
-
-@dataclass
-class ProtocolTiming:
-    protocol: str = column("protocol")
-    median: float = column("median latency", format_seconds)
-    request_bytes: int = column("request size", ",")
-    same_answers: bool = column("same answers as HTTP")
-
-
-class ProtocolComparison(Report):
-    """The same images asked over HTTP+JSON and over gRPC+protobuf."""
-
-    title = "HTTP/JSON against gRPC/protobuf, one image per request"
-
-
-def http_vs_grpc(service, pixels, requests: int = 50) -> ProtocolComparison:
-    """Sequential single-image requests to ``service`` (started with grpc=True) over both protocols."""
-    import json
-    import statistics
-    import time
-
-    import grpc
-    import httpx
-
-    from helpers.serving.grpc_service import stubs
-
-    if not getattr(service, "grpc_address", None):
-        raise ValueError("start the service with start_service(grpc=True) to compare protocols")
-    pb2, pb2_grpc = stubs()
-    bodies = [{"inputs": pixels[i:i + 1].tolist()} for i in range(min(requests, len(pixels)))]
-    http_times, grpc_times, http_answers, grpc_answers = [], [], [], []
-    with httpx.Client(timeout=30) as http, grpc.insecure_channel(service.grpc_address) as channel:
-        stub = pb2_grpc.DigitClassifierStub(channel)
-        messages = [pb2.PredictRequest(inputs=[pb2.Image(pixels=b["inputs"][0])]) for b in bodies]
-        http.post(service.url + "/predict", json=bodies[0])
-        stub.Predict(messages[0])  # warm-up: connections
-        for body, message in zip(bodies, messages):
-            start = time.perf_counter()
-            http_answers += http.post(service.url + "/predict", json=body).json()["predictions"]
-            http_times.append(time.perf_counter() - start)
-            start = time.perf_counter()
-            grpc_answers += list(stub.Predict(message, timeout=30).predictions)
-            grpc_times.append(time.perf_counter() - start)
-    rows = [ProtocolTiming("HTTP + JSON", statistics.median(http_times), len(json.dumps(bodies[0]).encode()), True),
-            ProtocolTiming("gRPC + protobuf", statistics.median(grpc_times), messages[0].ByteSize(), grpc_answers == http_answers)]
-    return ProtocolComparison(rows, [f"{len(bodies)} requests each way, alternating, on one connection each."])
 
 
 @dataclass

@@ -157,9 +157,16 @@ class RequestBreakdown(Report):
                                title=self.title, xlabel="median time (ms)")
 
 
+PHASE_LABELS = {"parse": "parse JSON", "validate": "validate input", "model": "run the model", "serialize": "serialise the answer"}
+OTHER, TOTAL = "HTTP, network and framework", "client total"
+
+
 def request_breakdown(base_url: str, pixels, inputs: int = 1, requests: int = 50) -> RequestBreakdown:
-    """Send ``requests`` sequential /predict requests of ``inputs`` images; split each one's time by phase."""
-    from helpers.serving.service import server_timing
+    """Send ``requests`` sequential /predict requests of ``inputs`` images; split each one's time by phase.
+
+    The phases are the server's ``Server-Timing`` entries, labelled by their ``desc`` where the server gives one.
+    """
+    from helpers.serving.service import timing_entries
 
     rows: list[dict[str, float]] = []
     with httpx.Client(timeout=30) as http:
@@ -170,13 +177,12 @@ def request_breakdown(base_url: str, pixels, inputs: int = 1, requests: int = 50
             answer = http.post(base_url + "/predict", json=body)
             total = time.perf_counter() - start
             answer.raise_for_status()
-            phases = server_timing(answer.headers["server-timing"])
-            phases["HTTP, network and framework"] = max(total - sum(phases.values()), 0.0)
-            phases["client total"] = total
+            if "server-timing" not in answer.headers:
+                raise ValueError(f"{base_url}/predict sent no Server-Timing header: the breakdown needs the server's own phases")
+            phases = {desc or PHASE_LABELS.get(name, name): seconds for name, desc, seconds in timing_entries(answer.headers["server-timing"])}
+            phases[OTHER] = max(total - sum(phases.values()), 0.0)
+            phases[TOTAL] = total
             rows.append(phases)
-    labels = {"parse": "parse JSON", "validate": "validate input", "model": "run the model",
-              "serialize": "serialise the answer", "HTTP, network and framework": "HTTP, network and framework",
-              "client total": "client total"}
-    total = float(np.median([r["client total"] for r in rows]))
-    return RequestBreakdown([Phase(label, float(np.median([r[key] for r in rows])), float(np.median([r[key] for r in rows])) / total)
-                             for key, label in labels.items()], inputs, requests)
+    total = float(np.median([r[TOTAL] for r in rows]))
+    return RequestBreakdown([Phase(label, float(np.median([r[label] for r in rows])), float(np.median([r[label] for r in rows])) / total)
+                             for label in rows[0]], inputs, requests)

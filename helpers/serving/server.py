@@ -10,6 +10,8 @@ import argparse
 import os
 import sys
 import tempfile
+from pathlib import Path
+from typing import Mapping
 
 import torch
 import uvicorn
@@ -104,6 +106,25 @@ def start_service(port: int | None = None, workers: int = 1, threads: int = 1, t
                             startup_timeout=startup_timeout)
     service.grpc_address = f"{LOOPBACK}:{grpc_port}" if grpc_port else None
     return service
+
+
+def start_app(source: str | Path, app: str = "app", *, workers: int = 1, env: Mapping[str, str] | None = None,
+              startup_timeout: float = 90.0) -> ServedProcess:
+    """Serve the ASGI object ``app`` of the Python file ``source`` with uvicorn: a child process on 127.0.0.1, a free port.
+
+    ``env`` is added to the child's environment (how a service file is configured); ``workers`` > 1 runs that many
+    processes behind the port. Healthy (GET /health answered 200) when this returns; stops as ``start_service``'s does.
+    """
+    source = Path(source).resolve()
+    if source.suffix != ".py" or not source.is_file():
+        raise FileNotFoundError(f"no Python file at {source}: write the service there first (e.g. with %%writefile)")
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1, got {workers}")
+    port = free_port()
+    command = [sys.executable, "-m", "uvicorn", f"{source.stem}:{app}", "--app-dir", str(source.parent),
+               "--host", LOOPBACK, "--port", str(port), "--workers", str(workers), "--log-level", "warning"]
+    return ServedProcess(command, port, health_path="/health", env=dict(env or {}), startup_timeout=startup_timeout,
+                         log_path=build_dir("serving") / f"{source.stem}-{port}.log")
 
 
 if __name__ == "__main__":

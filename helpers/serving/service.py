@@ -152,10 +152,16 @@ def create_app(model: nn.Module, *, threads: int = 1, registry: CollectorRegistr
     return app
 
 
+def timing_entries(header: str) -> list[tuple[str, str, float]]:
+    """A ``Server-Timing`` header -> [(name, description or "", seconds)], in the header's order."""
+    entries = []
+    for metric in filter(None, (part.strip() for part in header.split(","))):
+        name, *params = (piece.strip() for piece in metric.split(";"))
+        values = dict(param.partition("=")[::2] for param in params)
+        entries.append((name, values.get("desc", "").strip('"'), float(values.get("dur", "0")) / 1e3))
+    return entries
+
+
 def server_timing(header: str) -> dict[str, float]:
     """A ``Server-Timing`` header -> {phase: seconds}."""
-    phases = {}
-    for part in header.split(","):
-        name, _, duration = part.strip().partition(";dur=")
-        phases[name] = float(duration) / 1e3
-    return phases
+    return {name: seconds for name, _, seconds in timing_entries(header)}
