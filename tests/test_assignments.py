@@ -27,7 +27,7 @@ from helpers.course.notebooks import execute_notebook
 
 from .grading_support import ROOT, copy_course, hidden_test_lines, make, submit
 
-pytestmark = [pytest.mark.notebooks, pytest.mark.grading]
+pytestmark = [pytest.mark.notebooks, pytest.mark.grading, pytest.mark.timeout(2400)]  # the module fixture grades the whole course
 
 SOURCE = ROOT / "assignments" / "source"
 ASSIGNMENTS = sorted(p.name for p in SOURCE.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))) if SOURCE.exists() else []
