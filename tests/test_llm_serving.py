@@ -28,6 +28,7 @@ from helpers.serving import (
     start_llm_service,
     target_only,
 )
+from helpers.serving.lm import CACHE_VERSION, code_only, learning_rate, model_path, sinusoids
 
 PROMPTS = ["def ", "import os\n", "class Parser:\n    def __init__(self", "    return ", "for i in range(", "# "]
 
@@ -50,6 +51,20 @@ def test_the_model_is_trained_on_the_standard_library_and_cached(target):
     assert "standard library" in info.corpus and info.steps > 0 and info.parameters == sum(p.numel() for p in target.parameters())
     assert info.perplexity < 256  # better than a uniform guess over bytes
     assert all(torch.equal(a, b) for a, b in zip(again.state_dict().values(), target.state_dict().values()))
+
+
+def test_the_corpus_keeps_code_and_drops_docstrings_comments_and_blank_lines():
+    source = 'class A:\n    """Doc\n    string."""\n\n    # a note\n    def f(self):\n        \'\'\'Doc.\'\'\'\n        return "x"  # kept\n'
+    assert code_only(source) == 'class A:\n    def f(self):\n        return "x"  # kept\n'
+    assert code_only("def broken(:\n") == ""   # a file this Python cannot parse is left out
+
+
+def test_training_warms_up_then_anneals_and_the_cache_is_versioned():
+    rates = [learning_rate(1.0, p) for p in (0.0, 0.05, 0.5, 0.999)]
+    assert rates[0] < 0.05 < rates[3] < 0.06 and rates[1] == pytest.approx(1.0) and rates[2] < rates[1]
+    table = sinusoids(256, 64)
+    assert table.shape == (256, 64) and torch.allclose(table[0, 1::2], torch.ones(32))   # cos(0) = 1
+    assert model_path("target", "cpu").name == f"target-cpu-v{CACHE_VERSION}.pt"
 
 
 def test_paged_decoding_equals_the_model_run_on_the_whole_sequence(target):

@@ -9,6 +9,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+import torch
+
 from helpers.core.report import Report, column
 from helpers.serving import (
     CompletionsSender,
@@ -23,9 +25,12 @@ from helpers.serving import (
     target_only,
 )
 
-from . import BenchResult, Target, full_runs_only
+from . import BenchResult, Target
 
-OUTPUT_MIX = [16, 96, 32, 160, 8, 64]   # output lengths vary, as real answers do: the case continuous batching is for
+# Output lengths vary, as real answers do, most short and a few long: a static batch runs as long as its longest
+# member while its finished members hold their slots, the case continuous batching is for.
+OUTPUT_MIX = [8, 24, 16, 128, 8, 48, 16, 96]
+MAX_BATCH = 8
 
 
 @dataclass
@@ -47,6 +52,15 @@ def prompts_from_corpus(n: int = 32, length: int = 40) -> list[str]:
 
 
 def kv_and_speculative(quick: bool) -> tuple[list[Figure], list[Target]]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the server runs: on a CPU a model this small gains little from a second thread
+    try:
+        return _kv_and_speculative(quick)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _kv_and_speculative(quick: bool) -> tuple[list[Figure], list[Target]]:
     target, _ = language_model("target")
     draft, _ = language_model("draft")
     prompt = encode_text("def parse_args(argv):\n    ")
@@ -70,11 +84,13 @@ def kv_and_speculative(quick: bool) -> tuple[list[Figure], list[Target]]:
 
 def run(quick: bool) -> BenchResult:
     prompts = prompts_from_corpus()
-    rates = [16.0] if quick else [4.0, 16.0, 64.0]   # the top rate is past what static batching can answer on a CPU
-    requests, seconds = (16, 4.0) if quick else (96, 10.0)
+    # the top rate is past what static batching answers on a CPU, so its queue grows while continuous keeps up longer
+    rates = [32.0] if quick else [8.0, 32.0, 64.0]
+    requests, seconds = (48, 4.0) if quick else (128, 10.0)
     rows = {}
     for scheduler in ("static", "continuous"):
-        with start_llm_service(scheduler=scheduler, max_batch=16) as service:
+        # one torch thread on a CPU: the model is small, and the load generator needs the other core
+        with start_llm_service(scheduler=scheduler, max_batch=MAX_BATCH, torch_threads=1) as service:
             sender = CompletionsSender(service.url, prompts, OUTPUT_MIX)
             open_loop_test(sender, 4.0, max_requests=4, max_seconds=1.0)   # warm-up
             for row in open_loop_test(sender, rates, max_requests=requests, max_seconds=seconds, seed=0).rows:
@@ -82,7 +98,8 @@ def run(quick: bool) -> BenchResult:
                 rows[scheduler, row.offered] = row
     report = OpenLoopReport([rows[s, r] for r in rates for s in ("static", "continuous")],
                             [f"Poisson arrivals, {requests} requests or {seconds:g} s per rate; output lengths cycle "
-                             f"through {OUTPUT_MIX}; greedy; TTFT from each request's scheduled send time."])
+                             f"through {OUTPUT_MIX}; up to {MAX_BATCH} requests per batch; greedy; TTFT from each request's "
+                             "scheduled send time."])
     report.title = "Language-model server under open-loop load: static against continuous batching"
     top = max(rates)
     static, continuous = rows["static", top], rows["continuous", top]
@@ -91,5 +108,7 @@ def run(quick: bool) -> BenchResult:
               Target.at_least(f"static / continuous median TTFT at {top:g} req/s (> 1: continuous lower)",
                               static.ttft_p50 / continuous.ttft_p50, 1.0)]
     figures, spec_targets = kv_and_speculative(quick)
-    targets = [Target.at_most("errors, all runs", errors, 0)] + full_runs_only(timing, quick) + spec_targets
+    if quick:  # a quick run (the test suite's, often on a busy machine) shows the ratios without judging them
+        timing = [Target(f"{t.what} (quick run: not judged)", t.measured, t.required, "n/a") for t in timing]
+    targets = [Target.at_most("errors, all runs", errors, 0)] + timing + spec_targets
     return BenchResult("llm", [report, Figures(figures)], targets)
