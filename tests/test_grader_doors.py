@@ -69,8 +69,9 @@ def make_autograde(course: Path, *variables: str, peak: list | None = None) -> s
     command = ["make", "--no-print-directory", "-C", str(ROOT), "autograde", f"COURSE={course}", *variables]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment())
     highest = 0
-    out: list[str] = []
-    readers = [threading.Thread(target=lambda s=s: out.append(s.read()), daemon=True) for s in (process.stdout, process.stderr)]
+    out: dict[str, str] = {}
+    readers = [threading.Thread(target=lambda n=n, s=s: out.__setitem__(n, s.read()), daemon=True)
+               for n, s in (("stdout", process.stdout), ("stderr", process.stderr))]
     for reader in readers:
         reader.start()
     while process.poll() is None:
@@ -85,7 +86,7 @@ def make_autograde(course: Path, *variables: str, peak: list | None = None) -> s
         reader.join()
     if peak is not None:
         peak.append(highest)
-    return subprocess.CompletedProcess(command, process.returncode, out[0] if out else "", out[1] if len(out) > 1 else "")
+    return subprocess.CompletedProcess(command, process.returncode, out.get("stdout", ""), out.get("stderr", ""))
 
 
 @pytest.fixture(scope="module")
