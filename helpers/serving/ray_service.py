@@ -65,6 +65,21 @@ def build_app(model_path: str, max_batch_size: int, max_wait_ms: float):
     return DigitClassifier.bind()
 
 
+def start_ray(ray, scratch: str, attempts: int = 3) -> None:
+    """``ray.init`` on this machine only; tried again when the raylet misses Ray's fixed 30 s start-up window (a busy machine)."""
+    for attempt in range(1, attempts + 1):
+        try:
+            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
+                     _node_ip_address=LOOPBACK, _temp_dir=scratch,
+                     runtime_env={"worker_process_setup_hook": replicas_on_loopback})
+            return
+        except Exception as err:  # noqa: BLE001 - Ray raises a bare Exception for a node that did not start in time
+            if "timed out during startup" not in str(err) or attempt == attempts:
+                raise
+            print(f"Ray's node did not start in time (attempt {attempt} of {attempts}); trying again", flush=True)
+            ray.shutdown()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m helpers.serving.ray_service", description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, required=True)
@@ -83,9 +98,7 @@ def main() -> None:
     # this run's own that goes when the run does (Ray's default, /tmp/ray/session_*, would stay behind).
     scratch = tempfile.mkdtemp(prefix="edl-ray-")  # short: Ray's unix sockets live below it
     try:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
-                 _node_ip_address=LOOPBACK, _temp_dir=scratch,
-                 runtime_env={"worker_process_setup_hook": replicas_on_loopback})
+        start_ray(ray, scratch)
         serve.start(http_options={"host": LOOPBACK, "port": args.port})
         serve.run(build_app(info.path, args.batch_size, args.max_wait_ms), route_prefix="/predict")
         stop = threading.Event()
