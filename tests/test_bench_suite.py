@@ -21,11 +21,23 @@ def run_bench(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "tests.bench", *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
-def test_quick_benchmarks_write_json_and_print_tables(tmp_path):
-    result = run_bench("--quick", "--out", str(tmp_path))
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    """Every benchmark once with --quick (minutes: it serves, grades and trains); the tests below read its output."""
+    out = tmp_path_factory.mktemp("bench")
+    return run_bench("--quick", "--out", str(out)), out
+
+
+def test_quick_benchmarks_write_json_and_print_tables(quick_run):
+    result, out = quick_run
     assert result.returncode == 0, result.stderr
+    from tests.bench.__main__ import discover
+
+    for name in discover():  # every benchmark wrote its report
+        payload = json.loads((out / f"{name}.json").read_text())
+        assert payload["reports"] or payload["targets"], name
     for name in ("matmul", "transfer"):
-        payload = json.loads((tmp_path / f"{name}.json").read_text())
+        payload = json.loads((out / f"{name}.json").read_text())
         assert payload["reports"] and payload["reports"][0]["rows"]
         assert all(t["status"] in ("pass", "n/a") for t in payload["targets"])
     assert "GFLOP/s" in result.stdout and "targets" in result.stdout
@@ -37,10 +49,10 @@ def test_unknown_benchmark_is_named_in_the_error(tmp_path):
     assert "nonsense" in result.stderr and "matmul" in result.stderr
 
 
-def test_the_kernels_benchmark_reports_the_gpu_only_targets_as_n_a_on_a_cpu(tmp_path):
-    result = run_bench("--quick", "--only", "kernels", "--out", str(tmp_path))
+def test_the_kernels_benchmark_reports_the_gpu_only_targets_as_n_a_on_a_cpu(quick_run):
+    result, out = quick_run
     assert result.returncode == 0, result.stderr  # a quick run checks no timings, so nothing it checks depends on the load
-    targets = {t["what"]: t for t in json.loads((tmp_path / "kernels.json").read_text())["targets"]}
+    targets = {t["what"]: t for t in json.loads((out / "kernels.json").read_text())["targets"]}
     gpu_only = [what for what in targets if what.startswith(("CUDA graph replay", "torch.compile (reduce-overhead)"))]
     assert len(gpu_only) == 2 and all(targets[what]["status"] == "n/a" and "GPU" in what for what in gpu_only)
     assert targets["Triton kernels that agree with torch.matmul"]["measured"] == 2  # checked in Triton's interpreter
