@@ -10,7 +10,6 @@ from __future__ import annotations
 import linecache
 import os
 import sys
-import time
 
 import nbformat
 import pytest
@@ -139,11 +138,8 @@ THIN_WRAPPER = '''class DriftMonitor:
 '''
 
 
-def test_honest_tests_catch_the_bugs_and_the_identity_trick_catches_none():
-    start = time.perf_counter()
-    honest = graded_cells("part1_tests_that_catch_bugs.ipynb")
-    print(f"part 1 graded in {time.perf_counter() - start:.0f} s")
-    assert not any(honest.values()), honest
+def test_the_identity_trick_catches_no_bug():
+    """(The honest tests catch every bug: the reference scores full marks in tests/test_assignments.py.)"""
     cheat = graded_cells("part1_tests_that_catch_bugs.ipynb", part1_tests(IDENTITY))
     assert cheat["task1_test_clean_and_complete"] == "", cheat  # it passes and calls everything: that part is fair
     assert "no test noticed" in cheat["task1_test_catches_shown_bugs"], cheat
