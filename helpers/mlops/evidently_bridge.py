@@ -3,8 +3,8 @@
 Evidently 0.7.23, its latest release, imports ``pandas.core.dtypes.common.infer_dtype_from_object`` at the top of
 its legacy column-type test, a function pandas 3 removed; the import fails and ``import evidently`` with it,
 although nothing in the drift report calls that function. ``import_evidently`` puts a stand-in with pandas 2's
-behaviour back (only where pandas lacks it) and imports Evidently. Remove it once an Evidently release imports
-cleanly on the kit's pandas: ``test_drift_report.py`` says when.
+behaviour back (only where pandas lacks it) and imports Evidently. When the pin moves, check whether the new
+release imports without it (``tests/test_drift_report.py`` names the version this was checked with).
 """
 from __future__ import annotations
 
