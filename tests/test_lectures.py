@@ -74,6 +74,11 @@ def monitoring_lecture(f):
     assert f["same_seed_same_weights"] is True
     for test, (share, required, passed) in f["behaviour"].items():
         assert passed == (share >= required), test  # the verdict follows the measured share
+    drift = f["drift_comparison"]  # rows: brighter by, our drifted features, our verdict, Evidently's drifted columns, its verdict, p gap
+    assert all(Path(report).stat().st_size > 100_000 for report in drift["reports"])  # Evidently wrote its HTML for every batch
+    assert all(gap < 1e-9 for *_, gap in drift["rows"])  # the same KS test per column
+    assert all(evidently == (columns >= drift["columns"] / 2) and ours == (features > 0) for _, features, ours, columns, evidently, _ in drift["rows"])
+    assert drift["rows"][0][2:5:2] == [False, False] and drift["rows"][-1][2:5:2] == [True, True]  # no drift; clear drift (+0.2)
 
 
 FIGURE_CHECKS = {

@@ -6,6 +6,7 @@ from helpers.core.lazy import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     ".drift": ["DriftReport", "detect_drift"],
+    ".evidently_bridge": ["import_evidently"],
     ".tracking": ["experiment_id", "quiet_mlflow", "start_mlflow_ui", "tracking_store"],
     ".versioning": ["Shell", "tool_path"],
     ".live": ["AliasRouter", "InputDriftWindow", "Slowed", "start_alias_service", "watch_inputs"],
