@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import ast
 import atexit
+import functools
 import os
 import re
 import shutil
@@ -111,15 +112,12 @@ def describe_failure(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}"
 
 
-_SOCKETS: list[str] = []
-
-
+@functools.cache
 def _socket_folder() -> str:
     """One private folder per process for the kernels' Unix sockets, removed when the process ends."""
-    if not _SOCKETS:
-        _SOCKETS.append(tempfile.mkdtemp(prefix="edl-kernels-"))
-        atexit.register(shutil.rmtree, _SOCKETS[0], True)
-    return _SOCKETS[0]
+    folder = tempfile.mkdtemp(prefix="edl-kernels-")
+    atexit.register(shutil.rmtree, folder, True)
+    return folder
 
 
 class LocalKernelManager(KernelManager):

@@ -125,7 +125,7 @@ def start_ray_service(batch_size: int = 32, max_wait_ms: float = 2.0, startup_ti
     command = [sys.executable, "-m", "helpers.serving.ray_service", "--port", str(port), "--batch-size", str(batch_size),
                "--max-wait-ms", str(max_wait_ms)]
     return ServedProcess(command, port, health_path="/-/healthz", log_path=build_dir("serving") / f"ray-{port}.log",
-                         env={"RAY_USAGE_STATS_ENABLED": "0", "RAY_DEDUP_LOGS": "0", **SINGLE_MACHINE}, startup_timeout=startup_timeout)
+                         env={"RAY_USAGE_STATS_ENABLED": "0", "RAY_DEDUP_LOGS": "0"}, startup_timeout=startup_timeout)
 
 
 if __name__ == "__main__":
