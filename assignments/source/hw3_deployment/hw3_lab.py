@@ -19,6 +19,7 @@ import warnings
 from pathlib import Path
 from typing import Awaitable, Callable, Iterator, Sequence
 
+import numpy as np
 import torch
 import uvicorn
 from torch import nn
@@ -72,44 +73,58 @@ def digits_and_confidence(model: nn.Module, images: torch.Tensor) -> tuple[torch
 
 
 _EAGER_CHILD = """
-import sys, time
+import os, sys, time
 import torch
+if hasattr(os, "sched_setaffinity"):
+    os.sched_setaffinity(0, {int(sys.argv[4])})
 sys.path.insert(0, sys.argv[1])
 from helpers.serving import load_model
 torch.set_num_threads(1)
 model = load_model(sys.argv[2])
 generator = torch.Generator().manual_seed(int(sys.argv[3]))
 pixels = torch.rand(4096, 784, generator=generator)
+
+
+def eager(images):
+    with torch.no_grad():
+        chances = torch.softmax(model(images.reshape(len(images), 784).float() / 255.0), dim=1)
+        return chances.max(dim=1)
+
+
 for line in sys.stdin:
     calls, batch = map(int, line.split())
     inputs = [(pixels[torch.randint(4096, (batch,), generator=generator)] * 255).round().to(torch.uint8).reshape(batch, 28, 28)
-              for _ in range(calls)]
+              for _ in range(calls + 1)]
+    eager(inputs[0])  # warm, as the other side is: one untimed call on images of its own
     start = time.thread_time()
-    for images in inputs:
-        with torch.no_grad():
-            chances = torch.softmax(model(images.reshape(len(images), 784).float() / 255.0), dim=1)
-            confidence, digits = chances.max(dim=1)
+    for images in inputs[1:]:
+        eager(images)
     print((time.thread_time() - start) / calls, flush=True)
 """
 
 
 def race_against_eager(predict: Callable[[torch.Tensor], object], check: Callable[[torch.Tensor, object], float],
-                       batch: int = 64, rounds: int = 15, calls: int = 10, seed: int = 0) -> dict[str, float]:
+                       batch: int = 64, rounds: int = 150, calls: int = 1, seed: int = 0) -> dict[str, float]:
     """CPU seconds per call of eager PyTorch and of ``predict`` on batches of fresh uint8 images, in alternating rounds.
 
     Eager PyTorch (one thread, ``digits_and_confidence`` on a freshly loaded copy of the served model) runs in a
     child process of its own, started from a clean environment, and is timed by its thread's CPU time, so nothing
     done in this kernel can slow it. ``predict`` runs here on images it has never seen (new contents at every
-    call) and is timed by the CPU time of this whole process, every thread counted. ``check(images, answer)``
-    returns the share of answers that are right: ``agreement`` is their mean over every call, ``worst`` the lowest.
+    call) and is timed by the CPU time of this whole process, every thread counted, including what its threads
+    spend while the answers are being checked. The two sides take turns on one CPU core (where the system allows
+    pinning), and each makes one untimed call per round first, so neither is timed cold. ``predict`` must return NumPy arrays; ``check(images, answer)`` returns the share of answers that
+    are right: ``agreement`` is their mean over every call, ``worst`` the lowest. Medians of the rounds are compared.
     """
     generator = torch.Generator().manual_seed(seed)
-    child = subprocess.Popen([PYTHON, "-E", "-s", "-c", _EAGER_CHILD, KIT_ROOT, mnist_model()[1].path, str(seed)],
+    cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else {0}  # macOS cannot pin
+    core = max(cores)  # both sides take turns on one core: neither gains from a cache or a clock the other lacks
+    child = subprocess.Popen([PYTHON, "-E", "-s", "-c", _EAGER_CHILD, KIT_ROOT, mnist_model()[1].path, str(seed), str(core)],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=tempfile.gettempdir(),
                              env={"PATH": os.defpath, "OMP_NUM_THREADS": "1", "HOME": tempfile.gettempdir()})
     eager, ours, shares = [], [], []
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # torch's idle pool threads would otherwise spin on this process's CPU time between rounds
+    _pin(core)  # this thread only; the predictor's own threads run where they were started
     try:
         for round_ in range(rounds + 1):  # round 0 warms both sides up and is not counted
             child.stdin.write(f"{calls} {batch}\n")
@@ -117,24 +132,40 @@ def race_against_eager(predict: Callable[[torch.Tensor], object], check: Callabl
             seconds = child.stdout.readline()
             if not seconds:
                 raise RuntimeError("the eager baseline's process ended early: this is the grader's failure, not yours")
-            inputs = [fresh_images(batch, generator) for _ in range(calls)]
-            answers = []
-            time.sleep(0.02)  # let any thread pool settle down before the clock starts
+            inputs = [fresh_images(batch, generator) for _ in range(calls + 1)]
+            _numpy_answer(predict(inputs.pop()))  # warm: one untimed call on images of its own
             start = time.process_time()
-            for images in inputs:
-                answers.append(predict(images))
-            spent = (time.process_time() - start) / calls
+            answers = [_numpy_answer(predict(images)) for images in inputs]  # an answer is read while the clock runs
+            checking = time.thread_time()  # the grader's own checking is taken out; any other thread's work is not
             shares += [check(images, answer) for images, answer in zip(inputs, answers)]
+            checking = time.thread_time() - checking
+            spent = (time.process_time() - start - checking) / calls
             if round_:
                 eager.append(float(seconds))
                 ours.append(spent)
     finally:
         torch.set_num_threads(threads)
+        _pin(*cores)
         child.stdin.close()
         child.wait(10)
     return {"eager": statistics.median(eager), "yours": statistics.median(ours),
             "speedup": statistics.median(eager) / statistics.median(ours), "agreement": statistics.mean(shares),
             "worst": min(shares)}
+
+
+def _pin(*cores: int) -> None:
+    """Run the calling thread on ``cores`` only, where the system allows it (Linux)."""
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, cores)
+
+
+def _numpy_answer(answer: object) -> tuple[np.ndarray, np.ndarray]:
+    """``answer`` as a pair of NumPy arrays, read out now (nothing left to compute later); otherwise a clear error."""
+    parts = tuple(answer) if isinstance(answer, (tuple, list)) else ()
+    if len(parts) != 2 or any(type(part) is not np.ndarray for part in parts):
+        raise TypeError(f"predict must return (digits, confidence) as two NumPy arrays; it returned "
+                        f"{type(answer).__name__}" + (f" of {[type(part).__name__ for part in parts]}" if parts else ""))
+    return parts
 
 
 @contextlib.contextmanager
