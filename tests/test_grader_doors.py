@@ -162,17 +162,20 @@ def row(doors, student):
 @pytest.mark.parametrize("student, kind", [("copies_classmate", "symbolic link"), ("copies_source", "symbolic link"),
                                            ("reads_environ", "symbolic link"), ("reads_gradebook", "symbolic link"),
                                            ("folder_link", "symbolic link"), ("fifo", "FIFO"), ("device", "symbolic link")])
+@pytest.mark.grading  # runs the sandboxed autograder
 def test_links_fifos_and_devices_are_refused_with_a_reason(doors, student, kind):
     status, points, reason = row(doors, student)
     assert (status, points) == ("failed", 0.0) and "refused" in reason and kind in reason, reason
     assert not (doors["root"] / "autograded" / student / A / PART).exists() or points == 0.0
 
 
+@pytest.mark.grading  # runs the sandboxed autograder
 def test_the_rest_of_the_class_is_graded_and_a_fifo_does_not_hang_the_grader(doors):
     assert row(doors, "honest")[:2] == ("graded", 5.0) and row(doors, "victim")[:2] == ("graded", 5.0)
     assert doors["seconds"] < 600, doors["seconds"]
 
 
+@pytest.mark.grading  # runs the sandboxed autograder
 def test_big_inputs_are_refused_before_they_are_read_and_the_grader_stays_small(doors):
     status, points, reason = row(doors, "huge_file")
     assert status == "failed" and "MiB, the limit for one submission" in reason, reason
@@ -181,6 +184,7 @@ def test_big_inputs_are_refused_before_they_are_read_and_the_grader_stays_small(
     assert pages and all(p.stat().st_size < 2 * 2**20 for p in pages), [p.stat().st_size for p in pages]
 
 
+@pytest.mark.grading  # runs the sandboxed autograder
 def test_hidden_tests_reach_nothing_a_student_sees(doors):
     assert row(doors, "hunts_hidden_tests")[:2] == ("graded", 5.0), row(doors, "hunts_hidden_tests")
     graded = nbformat.read(doors["root"] / "autograded" / "hunts_hidden_tests" / A / PART, as_version=4)
@@ -194,6 +198,7 @@ def test_hidden_tests_reach_nothing_a_student_sees(doors):
         assert HIDDEN not in text and "f1(10)" not in text and "loot" not in text.replace("/tmp/loot.txt", "") or "hunts" not in str(page)
 
 
+@pytest.mark.grading  # runs the sandboxed autograder
 def test_feedback_holds_only_what_the_grader_wrote(doors):
     page = next((doors["root"] / "feedback" / "hunts_hidden_tests").rglob("*.html")).read_text()
     assert "[grader] passed" in page
@@ -201,6 +206,7 @@ def test_feedback_holds_only_what_the_grader_wrote(doors):
     assert "assert f1(1) == 2\n" not in re.sub(r"<[^>]+>", "", page).split("[grader]")[-1], "outputs of the submission are not"
 
 
+@pytest.mark.grading  # runs the sandboxed autograder
 def test_an_assignment_declares_its_part_of_the_kit(doors):
     for student in ("thin_import", "thin_attribute"):
         status, points, reason = row(doors, student)
@@ -213,11 +219,13 @@ def test_an_assignment_declares_its_part_of_the_kit(doors):
     assert any(o["ename"] == "ImportError" and "not part of the kit that hw2_profiling may use" in o["evalue"] for o in errors), errors
 
 
+@pytest.mark.grading  # runs the sandboxed autograder
 def test_a_notebook_killed_from_outside_is_a_grader_error_retried_once(doors):
     status, points, reason = row(doors, "killed_once")
     assert (status, points) == ("graded", 5.0) and "second try after a grader error" in reason, reason
 
 
+@pytest.mark.grading  # runs the sandboxed autograder
 def test_two_graders_at_once_keep_to_their_own_uids_and_grade_exactly(tmp_path):
     courses = []
     for name in ("first", "second"):
@@ -260,6 +268,7 @@ def test_uid_leases_are_exclusive_on_the_machine():
         assert all(sandbox.UID_BASE <= uid < sandbox.UID_BASE + sandbox.UID_COUNT for uid in first.uids + second.uids)
 
 
+@pytest.mark.grading  # runs the sandboxed autograder
 def test_a_symlinked_environment_grades(tmp_path, monkeypatch):
     linked = tmp_path / "linked-venv"
     linked.symlink_to(Path(sys.prefix).resolve())
@@ -270,6 +279,7 @@ def test_a_symlinked_environment_grades(tmp_path, monkeypatch):
     assert run.finished and str(linked) in run.cells[0].outcome["stdout"], (run.returncode, run.log[-2000:])
 
 
+@pytest.mark.grading  # runs the sandboxed autograder
 def test_a_grader_side_failure_is_an_error_with_a_rerun_command(tmp_path):
     root = tiny_course(tmp_path / "course", {A: {PART: {1: 1.0}}})
     nb = nbformat.read(root / "source" / A / PART, as_version=4)
