@@ -134,12 +134,12 @@ def race_against_eager(predict: Callable[[torch.Tensor], object], check: Callabl
                 raise RuntimeError("the eager baseline's process ended early: this is the grader's failure, not yours")
             inputs = [fresh_images(batch, generator) for _ in range(calls + 1)]
             _numpy_answer(predict(inputs.pop()))  # warm: one untimed call on images of its own
-            start = time.process_time()
+            start = _process_cpu()
             answers = [_numpy_answer(predict(images)) for images in inputs]  # an answer is read while the clock runs
             checking = time.thread_time()  # the grader's own checking is taken out; any other thread's work is not
             shares += [check(images, answer) for images, answer in zip(inputs, answers)]
             checking = time.thread_time() - checking
-            spent = (time.process_time() - start - checking) / calls
+            spent = (_process_cpu() - start - checking) / calls
             if round_:
                 eager.append(float(seconds))
                 ours.append(spent)
@@ -151,6 +151,18 @@ def race_against_eager(predict: Callable[[torch.Tensor], object], check: Callabl
     return {"eager": statistics.median(eager), "yours": statistics.median(ours),
             "speedup": statistics.median(eager) / statistics.median(ours), "agreement": statistics.mean(shares),
             "worst": min(shares)}
+
+
+def _process_cpu() -> float:
+    """CPU seconds this whole process has spent so far, every thread counted, the caller's running slice included.
+
+    Under a CPU-time limit (RLIMIT_CPU, which the grading sandbox sets) Linux reads the process clock from a total
+    it updates only at scheduler events, up to a tick (milliseconds) late; yielding first brings the caller's
+    share up to date, so a window of a fraction of a millisecond is measured, not a stale total.
+    """
+    if hasattr(os, "sched_yield"):
+        os.sched_yield()
+    return time.process_time()
 
 
 def _pin(*cores: int) -> None:
