@@ -21,7 +21,7 @@
 #   make mlflow-ui       MLflow's UI on the kit's tracking store (build/mlflow) on 127.0.0.1 (MLFLOW_PORT=5000)
 #   make monitor         Prometheus over make serve's /metrics with the rules in monitoring/ (PROMETHEUS_PORT=9090)
 #
-# Knobs: DEVICE=cpu|cuda (lectures), B=<name> and QUICK=1 (bench), PYTEST_ARGS=... (test),
+# Knobs: DEVICE=cpu|cuda (lectures), B=<name> and QUICK=1 (bench; B=reference_grades also ROUNDS= and A=), PYTEST_ARGS=... (test),
 #        COURSE=<folder> (grading targets; default assignments).
 
 PYTHON ?= python3
@@ -69,7 +69,7 @@ lectures: setup
 	$(PY) -m helpers.course.notebooks run lectures --out build/lectures $(if $(DEVICE),-p device=$(DEVICE))
 
 bench: setup sandbox-tool
-	$(PY) -m tests.bench --out build/bench $(if $(B),--only $(B)) $(if $(QUICK),--quick)
+	$(if $(ROUNDS),EDL_ROUNDS=$(ROUNDS)) $(if $(A),EDL_ASSIGNMENTS="$(A)") $(PY) -m tests.bench --out build/bench $(if $(B),--only $(B)) $(if $(QUICK),--quick)
 
 test: setup sandbox-tool browser-tool monitor-tool
 	$(VENV)/bin/ruff check .

@@ -179,16 +179,22 @@ def test_mistakes_keep_the_median_of_each_sides_readings(capsys):
 
 
 def test_mistakes_catch_a_real_first_step_cost(capsys):
-    """A fresh model's first Adam step allocates its state: timed alone it reads slower than a warm step."""
+    """A lazy model's first step creates and initialises its 4M weights: timed alone it reads slower than a warm step.
+
+    (A one-time cost made of computation: the cost of a first Adam step's allocations depends on what the
+    process freed before, and in a long test run it can vanish.)"""
     def fresh_step():
-        net = torch.nn.Linear(512, 512)
-        optimizer = torch.optim.Adam(net.parameters())
-        x = torch.randn(32, 512)
+        net = torch.nn.LazyLinear(4096)  # weights appear, randomly initialised, at the first call
+        x = torch.randn(4, 1024)
+        optimizer = []
 
         def step():
-            optimizer.zero_grad()
-            net(x).square().mean().backward()
-            optimizer.step()
+            loss = net(x).square().mean()
+            if not optimizer:
+                optimizer.append(torch.optim.SGD(net.parameters(), lr=0.01))
+            optimizer[0].zero_grad()
+            loss.backward()
+            optimizer[0].step()
         return step
 
     def first_step():
@@ -206,7 +212,7 @@ def test_mistakes_catch_a_real_first_step_cost(capsys):
 
     report = benchmark_mistakes({"no warm-up": (first_step, warm_step)}, repeats=7, device="cpu")
     row = report.rows[0]
-    assert row.wrong_seconds > row.right_seconds
+    assert row.wrong_seconds > 1.5 * row.right_seconds, row  # 3.6-6.3x measured on an idle 2-core machine
 
 
 def test_shape_effect_on_the_cpu_times_n_and_n_minus_one(capsys):

@@ -14,6 +14,7 @@ from .grading_support import ROOT
 LECTURE_DOCKERFILE = ROOT / "lectures" / "06-web-services" / "Dockerfile"
 
 
+@pytest.mark.slow  # starts real processes: not in the unit lane
 def test_the_lectures_image_starts_and_answers_health(tmp_path):
     mnist_model()
     with start_image_command(LECTURE_DOCKERFILE, ROOT, tmp_path) as served:
@@ -23,6 +24,7 @@ def test_the_lectures_image_starts_and_answers_health(tmp_path):
     assert {"psutil==7.2.2", "pillow==13.0.0"} <= set(plan.requirements)
 
 
+@pytest.mark.slow  # starts real processes: not in the unit lane
 def test_an_image_missing_a_package_fails_with_the_servers_own_import_error(tmp_path):
     mnist_model()
     text = LECTURE_DOCKERFILE.read_text().replace(" \\\n    psutil==7.2.2 pillow==13.0.0", "")

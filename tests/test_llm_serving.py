@@ -216,6 +216,7 @@ def test_metrics_count_tokens_and_time_them_under_open_loop_load(service):
     assert after["llm:time_per_output_token_seconds_count"] >= len(row.records)
 
 
+@pytest.mark.slow  # starts real processes: not in the unit lane
 @pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGTERM])
 def test_ctrl_c_and_sigterm_stop_the_server_with_nothing_left(target, how):
     port = free_port()

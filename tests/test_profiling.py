@@ -61,6 +61,7 @@ def test_py_spy_failures_are_explained_not_raised():
     assert status == "failed" and "python version" in why
 
 
+@pytest.mark.slow  # starts real processes: not in the unit lane
 def test_py_spy_samples_a_workload_or_says_why_not():
     report = profiling.py_spy("input_pipeline", seconds=1, rate=100)
     if profiling.find_py_spy() is None:

@@ -1,7 +1,8 @@
 """Autograding throughput: the same submissions graded one at a time and JOBS=<cores> at a time, in sandboxes.
 
 Targets: identical grades both ways; parallel throughput >= 1.7x sequential on 2 or more cores; a class of
-100 projected to grade within 30 minutes per assignment at the parallel rate.
+100 projected to grade within 30 minutes per assignment at the parallel rate. A quick run (the test suite's) grades
+a one-task stand-in for the assignment: the pipeline runs end to end in seconds and nothing is judged.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from helpers.core.report import Report, column
 from helpers.course import assignments, grading
 from helpers.course.grading import Course
 
-from ..grading_support import copy_course, submit
+from ..grading_support import copy_course, submit, tiny_course
 from . import BenchResult, Target
 
 ASSIGNMENT = "hw2_profiling"
@@ -57,17 +58,20 @@ def _grade(course: Course, jobs: int, regrade: bool) -> tuple[GradingRun, dict]:
 def run(quick: bool) -> BenchResult:
     cores = os.cpu_count() or 1
     with tempfile.TemporaryDirectory(prefix="edl-bench-grading-") as folder:
-        course = Course(copy_course(Path(folder) / "course"))
+        root = Path(folder) / "course"
+        course = Course(tiny_course(root, {ASSIGNMENT: {"part1_stand_in.ipynb": {1: 1.0}}}) if quick else copy_course(root))
         grading.release(course, [ASSIGNMENT])
         _class(course.root, *((1, 1) if quick else (3, 3)))
         sequential, grades_one = _grade(course, 1, regrade=True)
         parallel, grades_many = _grade(course, cores, regrade=True)
     report = GradingThroughput([sequential, parallel])
+    if quick:
+        report.title += " (quick run: a one-task stand-in for the assignment)"
     speedup = parallel.per_minute / sequential.per_minute
     differing = float(len(grades_one ^ grades_many) // 2)
-    if quick:  # two submissions on a possibly busy machine: the pipeline runs end to end, the figures mean little
+    if quick:  # two submissions of a stand-in whose grades do not depend on time; its timings mean little
         return BenchResult("grading", [report], [
-            Target("submissions whose grade differs between 1 and N jobs (quick mode: not judged)", differing, "<= 0", "n/a"),
+            Target.at_most("submissions whose grade differs between 1 and N jobs", differing, 0),
             Target.not_here("throughput, N jobs / 1 job", ">= 1.7x", "quick mode"),
             Target.not_here(f"class of {CLASS_SIZE}", "<= 30 min", "quick mode")])
     targets = [Target.at_most("submissions whose grade differs between 1 and N jobs", differing, 0)]

@@ -135,8 +135,13 @@ def mutated(name: str, variant: Callable | str, pipeline: str | None = None) -> 
 # starts with those imports done and nothing of yours), in the copy's own folder. Much faster than a new
 # interpreter per run, and just as fresh: neither this notebook nor the forking process ever imports your tests.
 FORKER = """
-import os, sys, signal
+import importlib.metadata, os, sys, signal
 import hypothesis, pytest, torch  # noqa: F401 - imported once, inherited by each fork
+for plugin in importlib.metadata.entry_points(group="pytest11"):  # pytest's installed plugins too (2 s per run otherwise)
+    try:
+        plugin.load()
+    except Exception:
+        pass  # one that cannot load fails the same way, with its message, in pytest's own run below
 for line in sys.stdin:
     folder, timeout = line.split("\\t")
     child = os.fork()
