@@ -21,8 +21,9 @@ def test_every_public_name_resolves_to_what_the_face_promises(package):
         assert value is not None, f"{package}.{name} resolved to None"
 
 
-def _modules_in_fresh_interpreter(package: str, names: list[str], import_submodules_first: bool) -> dict[str, bool]:
-    """Which of ``package.<name>`` are modules in one fresh interpreter, optionally after importing every submodule."""
+def _modules_in_fresh_interpreter(package: str, names: list[str], import_submodules_first: bool) -> subprocess.Popen:
+    """A fresh interpreter that prints, for each of ``names``, whether ``package.<name>`` is a module there
+    (optionally after importing every submodule); started, not waited for."""
     code = (
         "import importlib, inspect, pkgutil\n"
         f"face = importlib.import_module({package!r})\n"
@@ -32,8 +33,13 @@ def _modules_in_fresh_interpreter(package: str, names: list[str], import_submodu
         f"for name in {names!r}:\n"
         "    print(name, inspect.ismodule(getattr(face, name)))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    return {name: value == "True" for name, value in (line.split() for line in out.stdout.splitlines())}
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+
+
+def _answers(process: subprocess.Popen) -> dict[str, bool]:
+    out, _ = process.communicate(timeout=300)
+    assert process.returncode == 0, f"the fresh interpreter failed (exit {process.returncode})"
+    return {name: value == "True" for name, value in (line.split() for line in out.splitlines())}
 
 
 @pytest.mark.parametrize("package", PACKAGES)
@@ -44,9 +50,12 @@ def test_no_public_function_is_shadowed_by_a_submodule_of_the_same_name(package)
     names = sorted(set(face.__all__) & submodules)
     if not names:
         return  # no exported name is also a submodule's: nothing can be shadowed
-    # what each name is before any submodule is imported: one interpreter per name, as a lazy face resolves each alone
-    promised = {name: _modules_in_fresh_interpreter(package, [name], import_submodules_first=False)[name] for name in names}
-    after_imports = _modules_in_fresh_interpreter(package, names, import_submodules_first=True)
+    # what each name is before any submodule is imported (one interpreter per name, as a lazy face resolves each
+    # alone) and what all are after every submodule is imported: the interpreters run side by side
+    alone = {name: _modules_in_fresh_interpreter(package, [name], import_submodules_first=False) for name in names}
+    after = _modules_in_fresh_interpreter(package, names, import_submodules_first=True)
+    promised = {name: _answers(process)[name] for name, process in alone.items()}
+    after_imports = _answers(after)
     for name in names:
         assert after_imports[name] == promised[name], (
             f"{package} exports {name!r}, which is also its submodule {package}.{name}: once that module is "
