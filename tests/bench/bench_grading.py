@@ -2,7 +2,7 @@
 
 Targets: identical grades both ways; parallel throughput >= 1.7x sequential on 2 or more cores; a class of
 100 projected to grade within 30 minutes per assignment at the parallel rate. A quick run (the test suite's) grades
-a one-task stand-in for the assignment: the pipeline runs end to end in seconds and nothing is judged.
+a one-task stand-in for the assignment: the pipeline runs end to end in seconds, and only the equal grades are judged.
 """
 from __future__ import annotations
 

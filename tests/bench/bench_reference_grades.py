@@ -62,8 +62,14 @@ def _rounds(root: Path, assignment: str, rounds: int) -> Rounds:
     return Rounds(assignment, rounds, full, zero, errors, worst, statistics.median(seconds))
 
 
+def _rounds_asked(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise SystemExit(f"ROUNDS={text}: give the number of rounds per assignment, a whole number from 1 (e.g. ROUNDS=20)")
+    return int(text)
+
+
 def run(quick: bool) -> BenchResult:
-    rounds = 1 if quick else int(os.environ.get("EDL_ROUNDS", "20"))
+    rounds = 1 if quick else _rounds_asked(os.environ.get("EDL_ROUNDS", "20"))
     with tempfile.TemporaryDirectory(prefix="edl-bench-reference-") as folder:
         root = Path(folder) / "course"
         if quick:
