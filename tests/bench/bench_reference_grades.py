@@ -78,7 +78,10 @@ def run(quick: bool) -> BenchResult:
         else:
             copy_course(root)
             ids = os.environ.get("EDL_ASSIGNMENTS", "").split() or sorted(grading.WEIGHTS)
-        grading.release(Course(root), ids)
+        try:
+            grading.release(Course(root), ids)
+        except grading.GradingError as err:  # an unknown A=: the message names the assignments there are
+            raise SystemExit(str(err)) from None
         rows = [_rounds(root, assignment, rounds) for assignment in ids]
     report = ReferenceGrades(rows, [f"{rounds} round(s) per assignment on {os.cpu_count()} cores; each round regrades both "
                                     "submissions at once" + (" (quick run: a stand-in assignment)" if quick else "")])
