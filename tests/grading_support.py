@@ -60,6 +60,11 @@ def submit(course: Path, student: str, assignment: str, notebooks: dict[str, obj
     return folder
 
 
+def read_notebooks(folder: Path) -> dict[str, nbformat.NotebookNode]:
+    """The assignment notebooks of ``folder`` (a source or release folder), by file name."""
+    return {p.name: assignments.read(p) for p in assignments.notebooks(folder)}
+
+
 @dataclass
 class ErrorRun:
     """A notebook executed to the end with errors allowed: which cells raised."""

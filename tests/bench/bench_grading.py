@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from helpers.core.report import Report, column
-from helpers.course import assignments, grading
+from helpers.course import grading
 from helpers.course.grading import Course
 
-from ..grading_support import copy_course, submit, tiny_course
+from ..grading_support import copy_course, read_notebooks, submit, tiny_course
 from . import BenchResult, Target
 
 ASSIGNMENT = "hw2_profiling"
@@ -38,8 +38,8 @@ class GradingThroughput(Report):
 
 
 def _class(course: Path, solved: int, unsolved: int) -> None:
-    source = {p.name: assignments.read(p) for p in assignments.notebooks(course / "source" / ASSIGNMENT)}
-    released = {p.name: assignments.read(p) for p in assignments.notebooks(course / "release" / ASSIGNMENT)}
+    source = read_notebooks(course / "source" / ASSIGNMENT)
+    released = read_notebooks(course / "release" / ASSIGNMENT)
     for k in range(solved):
         submit(course, f"solved{k}", ASSIGNMENT, source)
     for k in range(unsolved):

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from helpers.core.report import Report, column
-from helpers.course import assignments, grading
+from helpers.course import grading
 from helpers.course.grading import Course
 
-from ..grading_support import copy_course, submit, tiny_course
+from ..grading_support import copy_course, read_notebooks, submit, tiny_course
 from . import BenchResult, Target
 
 JOBS = 2
@@ -44,8 +44,8 @@ class ReferenceGrades(Report):
 
 def _rounds(root: Path, assignment: str, rounds: int) -> Rounds:
     course = Course(root)
-    source = {p.name: assignments.read(p) for p in assignments.notebooks(root / "source" / assignment)}
-    released = {p.name: assignments.read(p) for p in assignments.notebooks(root / "release" / assignment)}
+    source = read_notebooks(root / "source" / assignment)
+    released = read_notebooks(root / "release" / assignment)
     submit(root, "reference", assignment, source)
     submit(root, "student_version", assignment, released)
     full = zero = errors = 0
