@@ -1,13 +1,19 @@
 """Shared fixtures: the repository root and the kit's notebooks."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 import helpers  # noqa: F401  (quietens torch's import-time warnings before any test imports torch pieces)
+from helpers.serving.lm import ENV_TRAIN_SECONDS
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# The suite's language models train 15 s each (the lectures' 85 s and 25 s): what the tests check of them holds for a
+# briefly trained model, and they are cached apart (target-cpu-v3-15s.pt), so `make lectures` still trains its own.
+os.environ.setdefault(ENV_TRAIN_SECONDS, "15")
 
 
 @pytest.fixture(scope="session")

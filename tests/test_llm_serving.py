@@ -28,7 +28,7 @@ from helpers.serving import (
     start_llm_service,
     target_only,
 )
-from helpers.serving.lm import CACHE_VERSION, code_only, learning_rate, model_path, sinusoids
+from helpers.serving.lm import CACHE_VERSION, ENV_TRAIN_SECONDS, code_only, learning_rate, model_path, sinusoids
 
 PROMPTS = ["def ", "import os\n", "class Parser:\n    def __init__(self", "    return ", "for i in range(", "# "]
 
@@ -64,7 +64,17 @@ def test_training_warms_up_then_anneals_and_the_cache_is_versioned():
     assert rates[0] < 0.05 < rates[3] < 0.06 and rates[1] == pytest.approx(1.0) and rates[2] < rates[1]
     table = sinusoids(256, 64)
     assert table.shape == (256, 64) and torch.allclose(table[0, 1::2], torch.ones(32))   # cos(0) = 1
+
+
+def test_a_time_cap_override_is_cached_apart_and_a_bad_one_is_a_clear_error(monkeypatch):
+    monkeypatch.delenv(ENV_TRAIN_SECONDS, raising=False)
     assert model_path("target", "cpu").name == f"target-cpu-v{CACHE_VERSION}.pt"
+    monkeypatch.setenv(ENV_TRAIN_SECONDS, "12.5")
+    assert model_path("draft", "cpu").name == f"draft-cpu-v{CACHE_VERSION}-12.5s.pt"
+    for bad in ("ten", "0", "-3"):
+        monkeypatch.setenv(ENV_TRAIN_SECONDS, bad)
+        with pytest.raises(ValueError, match=f"{ENV_TRAIN_SECONDS} must be a positive number of seconds, got '{bad}'"):
+            model_path("target", "cpu")
 
 
 def test_paged_decoding_equals_the_model_run_on_the_whole_sequence(target):

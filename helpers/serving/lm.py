@@ -184,7 +184,7 @@ def train_lm(role: str = "target", device: str | torch.device | None = None, see
     kind = "gpu" if is_gpu(device) else "cpu"
     config, default_steps, batch, seq_len, default_seconds, peak = CONFIGS[(role, kind)]
     steps = steps or default_steps
-    max_seconds = max_seconds or float(os.environ.get(ENV_TRAIN_SECONDS, default_seconds))
+    max_seconds = max_seconds or train_seconds_override() or default_seconds
     data, where = python_corpus()
     train, held = split_corpus(data)
     torch.manual_seed(seed)
@@ -220,8 +220,26 @@ def train_lm(role: str = "target", device: str | torch.device | None = None, see
     return model, info
 
 
+def train_seconds_override() -> float | None:
+    """The time cap ``$EDL_LM_TRAIN_SECONDS`` sets for every role, or None where it is not set."""
+    value = os.environ.get(ENV_TRAIN_SECONDS, "").strip()
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0:
+        raise ValueError(f"${ENV_TRAIN_SECONDS} must be a positive number of seconds, got {value!r}: "
+                         f"unset it for the default caps, or give e.g. {ENV_TRAIN_SECONDS}=300")
+    return seconds
+
+
 def model_path(role: str, kind: str) -> Path:
-    return build_dir("serving", "lm") / f"{role}-{kind}-v{CACHE_VERSION}.pt"
+    """Where the ``role`` model is cached; a model trained under a time-cap override is cached apart (``-<s>s``)."""
+    override = train_seconds_override()
+    budget = "" if override is None else f"-{override:g}s"
+    return build_dir("serving", "lm") / f"{role}-{kind}-v{CACHE_VERSION}{budget}.pt"
 
 
 def language_model(role: str = "target", device: str | torch.device | None = None) -> tuple[TransformerLM, LMInfo]:
