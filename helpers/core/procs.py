@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -98,26 +99,29 @@ def start_process(
             log.close()
 
 
-def _stop_quietly(pid: int) -> None:
+def _stop_quietly(pid: int, owned_folders: tuple[Path, ...] = ()) -> None:
     stop_tree(pid, grace=2.0)
+    for folder in owned_folders:  # only now: a process of the tree may write into them until it is gone
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 class ServedProcess:
     """A server process on 127.0.0.1:``port``; ``with`` stops it, and so does its owner's exit or garbage collection.
 
     ``health_path`` is polled over HTTP until it answers 200 (or ``startup_timeout``
-    passes, which raises with the end of the server's log).
+    passes, which raises with the end of the server's log). ``owned_folders`` (scratch space the server
+    writes) are removed once its whole process tree has stopped.
     """
 
     def __init__(self, command: Sequence[str], port: int, *, health_path: str = "/health",
                  log_path: str | Path, env: Mapping[str, str] | None = None, cwd: str | Path | None = None,
-                 startup_timeout: float = 60.0):
+                 startup_timeout: float = 60.0, owned_folders: Sequence[str | Path] = ()):
         self.port = port
         self.url = f"http://{LOOPBACK}:{port}"
         self.log_path = Path(log_path)
         self.process = start_process(command, log_path=self.log_path, env=env, cwd=cwd)
         self.pid = self.process.pid
-        self._finalizer = weakref.finalize(self, _stop_quietly, self.pid)
+        self._finalizer = weakref.finalize(self, _stop_quietly, self.pid, tuple(map(Path, owned_folders)))
         self._wait_healthy(health_path, startup_timeout)
 
     def _wait_healthy(self, health_path: str, timeout: float) -> None:

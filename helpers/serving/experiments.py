@@ -1,7 +1,7 @@
 """Experiments that start their own services: process workers against threads (lecture 6), batching and Ray Serve (lecture 7)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, ContextManager, Sequence
 
 from helpers.core.procs import ServedProcess
@@ -103,6 +103,7 @@ class EngineRow:
     p50: float = column("p50", format_seconds)
     p99: float = column("p99", format_seconds)
     errors: int = column("errors")
+    answers: list = field(default_factory=list)  # its predictions for the first 8 payloads, sent as one request
 
 
 class EngineComparison(Report):
@@ -113,15 +114,20 @@ class EngineComparison(Report):
 
 def kit_vs_ray_serve(payloads: Sequence[dict], batch_size: int = 32, max_wait_ms: float = 2.0, concurrency: int = 16,
                      max_requests: int = 400, max_seconds: float = 20.0) -> EngineComparison:
-    """The same bounded load on the kit's batching service and on Ray Serve (a local Ray instance)."""
+    """The same bounded load on the kit's batching service and on Ray Serve (a local Ray instance); then each
+    answers the first 8 payloads in one request (``EngineRow.answers``), so the lecture can show they agree."""
+    import httpx
+
     from helpers.serving.ray_service import start_ray_service
 
+    first_eight = {"inputs": [row for payload in payloads[:8] for row in payload["inputs"]]}
     rows = []
     for name, start in (("kit: FastAPI + DynamicBatcher", lambda: start_service(batch_size=batch_size, max_wait_ms=max_wait_ms)),
                         ("Ray Serve: @serve.batch", lambda: start_ray_service(batch_size, max_wait_ms))):
         with start() as service:
             load_test(service.url + "/predict", payloads, concurrency, min(32, max_requests), max_seconds)  # warm-up
             level = load_test(service.url + "/predict", payloads, concurrency, max_requests, max_seconds).rows[0]
-        rows.append(EngineRow(name, level.throughput, level.p50, level.p99, level.errors))
+            answers = httpx.post(service.url + "/predict", json=first_eight, timeout=60).json()["predictions"]
+        rows.append(EngineRow(name, level.throughput, level.p50, level.p99, level.errors, answers))
     return EngineComparison(rows, [f"batch <= {batch_size}, wait <= {max_wait_ms:g} ms, {max_requests} single-image requests at "
                                    f"concurrency {concurrency}, after 32 warm-up requests; Ray runs locally with 2 CPUs."])

@@ -85,6 +85,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--max-wait-ms", type=float, default=2.0)
+    parser.add_argument("--scratch", help="folder for Ray's session files (default: a new one, removed on exit)")
     args = parser.parse_args()
     os.environ.update(SINGLE_MACHINE)  # before Ray reads it (also when this module is run by hand)
 
@@ -95,8 +96,9 @@ def main() -> None:
 
     _, info = mnist_model()
     # Ray's own processes (GCS, raylet, workers) on the loopback address only, and its session files in a folder of
-    # this run's own that goes when the run does (Ray's default, /tmp/ray/session_*, would stay behind).
-    scratch = tempfile.mkdtemp(prefix="edl-ray-")  # short: Ray's unix sockets live below it
+    # this run's own that goes when the run does (Ray's default, /tmp/ray/session_*, would stay behind). A caller that
+    # passes --scratch removes it itself, after this process and Ray's have all stopped (start_ray_service does).
+    scratch = args.scratch or tempfile.mkdtemp(prefix="edl-ray-")  # short: Ray's unix sockets live below it
     try:
         start_ray(ray, scratch)
         serve.start(http_options={"host": LOOPBACK, "port": args.port})
@@ -109,7 +111,8 @@ def main() -> None:
         serve.shutdown()
         ray.shutdown()
     finally:  # also when Ray fails to start
-        shutil.rmtree(scratch, ignore_errors=True)
+        if not args.scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
 def start_ray_service(batch_size: int = 32, max_wait_ms: float = 2.0, startup_timeout: float = 180.0):
@@ -122,10 +125,12 @@ def start_ray_service(batch_size: int = 32, max_wait_ms: float = 2.0, startup_ti
 
     mnist_model()
     port = free_port()
+    scratch = tempfile.mkdtemp(prefix="edl-ray-")  # Ray's session files: removed once the whole tree has stopped
     command = [sys.executable, "-m", "helpers.serving.ray_service", "--port", str(port), "--batch-size", str(batch_size),
-               "--max-wait-ms", str(max_wait_ms)]
+               "--max-wait-ms", str(max_wait_ms), "--scratch", scratch]
     return ServedProcess(command, port, health_path="/-/healthz", log_path=build_dir("serving") / f"ray-{port}.log",
-                         env={"RAY_USAGE_STATS_ENABLED": "0", "RAY_DEDUP_LOGS": "0"}, startup_timeout=startup_timeout)
+                         env={"RAY_USAGE_STATS_ENABLED": "0", "RAY_DEDUP_LOGS": "0"}, startup_timeout=startup_timeout,
+                         owned_folders=[scratch])
 
 
 if __name__ == "__main__":
