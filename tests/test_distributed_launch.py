@@ -39,6 +39,20 @@ def test_results_come_back_in_rank_order_from_a_real_group():
     assert all(r["world"] == 3 and r["sum"] == 2.0 * (0 + 1 + 2) and r["backend"] == "gloo" for r in results)
 
 
+def listening_addresses_of_the_group(launcher_pid: int) -> list[str]:
+    """The addresses the launching process and every worker listen on (the rendezvous store, gloo's pairs)."""
+    launcher = psutil.Process(launcher_pid)
+    family = [launcher, *launcher.children(recursive=True)]
+    dist.barrier()  # every rank has joined before anyone looks
+    return sorted({c.laddr.ip for p in family for c in p.net_connections("inet") if c.status == psutil.CONN_LISTEN})
+
+
+def test_the_group_listens_on_the_loopback_address_only():
+    """TCPStore alone would listen on every interface (::): the launcher binds the store's socket to 127.0.0.1."""
+    seen = launch(listening_addresses_of_the_group, 2, args=(os.getpid(),), echo=False)
+    assert seen[0] and all(addresses == ["127.0.0.1"] for addresses in seen), seen
+
+
 def test_four_workers_on_two_cores_use_one_thread_each():
     results = launch(rank_sum_and_threads, 4, args=(1.0,), echo=False)
     assert all(r["sum"] == 6 for r in results)

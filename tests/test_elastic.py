@@ -16,6 +16,8 @@ import torch.distributed as dist
 from helpers.core.data import load_digits
 from helpers.distributed import elastic_demo, elastic_train, processes_of, run_elastic, torchrun_command
 
+from .process_watch import StartedProcesses
+
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,8 +29,15 @@ def digits():
 
 
 @pytest.fixture(scope="module")
-def demo(digits, tmp_path_factory):
-    return elastic_demo(digits, steps=16, checkpoint_every=4, kill_at_step=6, folder=tmp_path_factory.mktemp("elastic"))
+def watched_demo(digits, tmp_path_factory):
+    with StartedProcesses() as started:
+        demo = elastic_demo(digits, steps=16, checkpoint_every=4, kill_at_step=6, folder=tmp_path_factory.mktemp("elastic"))
+    return demo, started
+
+
+@pytest.fixture(scope="module")
+def demo(watched_demo):
+    return watched_demo[0]
 
 
 def test_torchrun_restarts_the_group_once_and_it_resumes_from_the_checkpoint(demo):
@@ -55,6 +64,13 @@ def test_the_resumed_run_ends_bit_identical_to_the_uninterrupted_one(demo):
 def test_no_process_outlives_the_demo(demo):
     for run in demo.runs.values():
         assert processes_of(run.run_dir) == []
+
+
+def test_torchrun_and_its_workers_listen_on_the_loopback_address_only(watched_demo):
+    """torchrun would host its stores on every interface: the rendezvous store is served by the launcher, the group's by rank 0, both on 127.0.0.1."""
+    _, started = watched_demo
+    assert started.listening, "nothing of the job was seen listening: the watcher missed it"
+    assert not started.beyond_loopback(), f"listening beyond 127.0.0.1: {started.beyond_loopback()}"
 
 
 def test_a_failing_run_without_restarts_fails_and_leaves_no_process(digits, tmp_path):
@@ -126,7 +142,7 @@ def test_the_event_log_is_one_json_object_per_line(tmp_path):
 def test_the_command_uses_a_c10d_rendezvous_on_loopback():
     command = torchrun_command(["--steps", "3"], nproc=2, max_restarts=3, port=29999, run_id="x")
     assert command[:3] == [sys.executable, "-m", "torch.distributed.run"]
-    assert "--rdzv-backend=c10d" in command and "--rdzv-endpoint=127.0.0.1:29999" in command
+    assert "--rdzv-backend=c10d" in command and "--rdzv-endpoint=127.0.0.1:29999" in command and "--local-addr=127.0.0.1" in command
     assert "--max-restarts=3" in command and "--nproc-per-node=2" in command
     assert command[-4:] == ["-m", "helpers.distributed.elastic_train", "--steps", "3"]
 

@@ -16,6 +16,7 @@ import multiprocessing as mp
 import os
 import pickle
 import shutil
+import socket
 import sys
 import tempfile
 import threading
@@ -113,6 +114,25 @@ def default_threads(world_size: int) -> int:
     return max(1, available_cores() // world_size)
 
 
+def loopback_store(timeout: float, port: int = 0) -> dist.TCPStore:
+    """A TCPStore server listening on 127.0.0.1 only, at ``port`` (0: a port the operating system picks).
+
+    A TCPStore server alone listens on every interface, whatever host it is given; here the socket is bound to the
+    loopback address first and handed over (``master_listen_fd``; the store then owns and closes it).
+    """
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        listener.bind((HOST, port))
+        listener.listen(128)
+        store = dist.TCPStore(HOST, listener.getsockname()[1], None, True, timeout=timedelta(seconds=timeout),
+                              wait_for_workers=False, master_listen_fd=listener.fileno(), use_libuv=True)
+    except BaseException:
+        listener.close()
+        raise
+    listener.detach()
+    return store
+
+
 def launch(
     fn: Callable[..., Any],
     world_size: int = 2,
@@ -146,7 +166,7 @@ def launch(
     threads = threads or default_threads(world_size)
     payload = _pickle_by_value(fn, tuple(args), dict(kwargs or {}))
     context = worker_context(start_method)
-    store = dist.TCPStore(HOST, 0, None, True, timeout=timedelta(seconds=timeout), wait_for_workers=False)
+    store = loopback_store(timeout)
     logs = Path(tempfile.mkdtemp(prefix="edl-launch-"))
     procs: list[mp.process.BaseProcess] = []
     conns = []

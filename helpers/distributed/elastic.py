@@ -31,7 +31,7 @@ from helpers.core.data import Digits, normalise
 from helpers.core.paths import build_dir
 from helpers.core.procs import LOOPBACK, free_port, start_process, stop_tree
 from helpers.core.report import Report, column, format_seconds
-from helpers.core.workers import launch, loopback_interface
+from helpers.core.workers import launch, loopback_interface, loopback_store
 from helpers.distributed.elastic_train import DATA, FINAL, train
 
 SCRIPT = "helpers.distributed.elastic_train"
@@ -41,8 +41,12 @@ SCRIPT = "helpers.distributed.elastic_train"
 
 
 def torchrun_command(script_args: Sequence[str], *, nproc: int = 2, max_restarts: int = 1, port: int | None = None,
-                     run_id: str = "edl-elastic", monitor_interval: float = 0.1) -> list[str]:
-    """The torchrun command line: one node, ``nproc`` workers, ``max_restarts`` restarts, c10d rendezvous on 127.0.0.1."""
+                     run_id: str = "edl-elastic", monitor_interval: float = 0.1, store_is_ours: bool = False) -> list[str]:
+    """The torchrun command line: one node, ``nproc`` workers, ``max_restarts`` restarts, c10d rendezvous on 127.0.0.1.
+
+    ``store_is_ours``: the caller already serves the rendezvous store at ``port`` (``run_elastic`` does, on the
+    loopback address only: torchrun's own store would listen on every interface); torchrun joins it as a client.
+    """
     if not isinstance(nproc, int) or nproc < 1:
         raise ValueError(f"nproc={nproc!r}: torchrun needs at least one worker per node (a positive integer).")
     if not isinstance(max_restarts, int) or max_restarts < 0:
@@ -50,15 +54,20 @@ def torchrun_command(script_args: Sequence[str], *, nproc: int = 2, max_restarts
     if monitor_interval <= 0:
         raise ValueError(f"monitor_interval={monitor_interval!r}: torchrun checks its workers every so many seconds, a positive number.")
     port = free_port() if port is None else port
+    ours = ["--rdzv-conf=is_host=false"] if store_is_ours else []
     return [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={nproc}",
-            f"--max-restarts={max_restarts}", "--rdzv-backend=c10d", f"--rdzv-endpoint={LOOPBACK}:{port}",
-            f"--rdzv-id={run_id}", f"--monitor-interval={monitor_interval:g}", "-m", SCRIPT, *script_args]
+            f"--max-restarts={max_restarts}", "--rdzv-backend=c10d", f"--rdzv-endpoint={LOOPBACK}:{port}", *ours,
+            f"--local-addr={LOOPBACK}", f"--rdzv-id={run_id}", f"--monitor-interval={monitor_interval:g}", "-m", SCRIPT, *script_args]
 
 
 def _environment() -> dict[str, str]:
-    """This interpreter's folder first on PATH, one thread per worker, the agent's restarts in its log, loopback only."""
+    """This interpreter's folder first on PATH, one thread per worker, the agent's restarts in its log, loopback only.
+
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE: the agent then hosts no store of its own for the workers (it would listen on
+    every interface); rank 0 hosts the group's store, on the loopback address (elastic_train.join_group).
+    """
     env = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-           "OMP_NUM_THREADS": "1", "LOGLEVEL": "INFO", "PYTHONUNBUFFERED": "1"}
+           "OMP_NUM_THREADS": "1", "LOGLEVEL": "INFO", "PYTHONUNBUFFERED": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     if "GLOO_SOCKET_IFNAME" not in os.environ and (loopback := loopback_interface()):
         env["GLOO_SOCKET_IFNAME"] = loopback
     return env
@@ -156,7 +165,9 @@ def run_elastic(name: str, run_dir: str | Path, digits: Digits, *, steps: int = 
                    "--batch-size", str(batch_size), "--seed", str(seed)]
     if kill_at_step is not None:
         script_args += ["--kill-at-step", str(kill_at_step), "--kill-rank", str(kill_rank)]
-    command = torchrun_command(script_args, nproc=nproc, max_restarts=max_restarts, run_id=f"edl-{uuid.uuid4().hex[:8]}")
+    rendezvous = loopback_store(timeout)  # served from here for the whole job, restarts included
+    command = torchrun_command(script_args, nproc=nproc, max_restarts=max_restarts, port=rendezvous.port,
+                               run_id=f"edl-{uuid.uuid4().hex[:8]}", store_is_ours=True)
     log_path = run_dir / "torchrun.log"
     start = time.perf_counter()
     process = start_process(command, log_path=log_path, env=_environment(), cwd=run_dir)
@@ -171,6 +182,7 @@ def run_elastic(name: str, run_dir: str | Path, digits: Digits, *, steps: int = 
         time.sleep(0.3)
         stop_leftovers(run_dir)  # and one torchrun was starting as it was stopped
         process.poll()
+        del rendezvous
     return ElasticRun(name, run_dir, returncode, time.perf_counter() - start, _read_events(run_dir),
                       log_path.read_text(errors="replace"), command)
 

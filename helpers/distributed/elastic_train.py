@@ -31,6 +31,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from helpers.core.procs import die_with_parent
+from helpers.core.workers import loopback_store
 
 CHECKPOINT = "checkpoint.pt"
 FINAL = "final.pt"
@@ -77,9 +78,11 @@ def join_group(attempt: int, timeout_s: float = 60.0) -> None:
     keeps the attempts apart (all workers of one node share the restart count).
     """
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    host_it = rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, host_it,
-                          timeout=timedelta(seconds=timeout_s))
+    address, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    if rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":  # this rank hosts it: on 127.0.0.1 only
+        store = loopback_store(timeout_s, port)
+    else:
+        store = dist.TCPStore(address, port, world, False, timeout=timedelta(seconds=timeout_s))
     dist.init_process_group("gloo", store=dist.PrefixStore(f"attempt{attempt}", store), rank=rank, world_size=world,
                             timeout=timedelta(seconds=timeout_s))
 
