@@ -1,16 +1,27 @@
 """Every lecture notebook executes top to bottom under papermill (quick profile), and what it measured holds up.
 
+The lectures run two at a time, each in an interpreter of its own (LectureRuns), one that compares timings alone.
+
 A lecture's last code cell defines ``lesson_figures = {...}`` (see helpers.course.notebooks.LESSON_FIGURES and
 ARCHITECTURE.md); ``FIGURE_CHECKS`` checks at least one measured figure of each lecture named there against an
 invariant of its own: a parity, a count, a size worked by hand, a verdict that must follow from its share.
+While a lecture runs, every process it starts (servers, workers, Ray) is watched: none may listen beyond
+127.0.0.1, none may outlive the run, and no Ray session folder may stay behind.
 """
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from helpers.course.notebooks import execute_notebook, find_notebooks
+from helpers.course.notebooks import find_notebooks
+
+from .process_watch import StartedProcesses
 
 pytestmark = pytest.mark.notebooks
 
@@ -52,6 +63,7 @@ def formats_runtimes_batching(f):
     sizes = f["file_bytes"]
     assert sizes["ONNX int8"] < 0.5 * sizes["ONNX fp32"]  # one byte a weight against four, plus the graph
     assert f["batching_errors"] == 0
+    assert f["engine_errors"] == 0 and f["engines_agree"]  # Ray Serve answers what the kit's batcher answers
 
 
 def making_models_cheaper(f):
@@ -81,6 +93,10 @@ def monitoring_lecture(f):
     assert drift["rows"][0][2:5:2] == [False, False] and drift["rows"][-1][2:5:2] == [True, True]  # no drift; clear drift (+0.2)
 
 
+RAY_LECTURE = "07-formats-runtimes-batching.ipynb"  # starts Ray Serve
+NOTEBOOK_TIMEOUT_S = 900
+RUN_ALONE = {"01-gpu-architecture-and-benchmarking.ipynb"}  # its figure check compares timings taken in one run
+
 FIGURE_CHECKS = {
     "01-gpu-architecture-and-benchmarking.ipynb": gpu_architecture,
     "02-hardware-ecosystem.ipynb": hardware_ecosystem,
@@ -98,12 +114,81 @@ def test_the_kit_has_lecture_notebooks():
     assert set(FIGURE_CHECKS) <= {p.name for p in LECTURES}, "a figure check names a lecture that is gone: rename it with the lecture"
 
 
+@pytest.fixture(scope="module")
+def lecture_runs(request, tmp_path_factory):
+    """The selected lectures queued at once, each in a process of its own that is watched (see LectureRuns)."""
+    selected = [item.callspec.params["notebook"] for item in request.session.items
+                if getattr(item, "originalname", "") == "test_lecture_runs_and_its_figures_hold"]
+    runs = LectureRuns(selected, tmp_path_factory.mktemp("lectures"))
+    yield runs
+    runs.close()
+
+
 @pytest.mark.parametrize("notebook", LECTURES, ids=[str(p.relative_to(ROOT / "lectures")) for p in LECTURES])
-def test_lecture_runs_and_its_figures_hold(notebook, tmp_path):
-    run = execute_notebook(notebook, tmp_path, parameters={"quick": True}, root=ROOT / "lectures", html=False)
-    if run.status != "ok":
-        pytest.fail(f"{run.notebook} failed after {run.seconds:.0f} s:\n{run.error}", pytrace=False)
+def test_lecture_runs_and_its_figures_hold(notebook, lecture_runs):
+    run, started = lecture_runs.result(notebook)
+    if run["status"] != "ok":
+        pytest.fail(f"{notebook.name} failed after {run['seconds']:.0f} s:\n{run['error']}", pytrace=False)
+    assert started.processes, "the watcher saw no process: not even the notebook's kernel"
+    assert not started.beyond_loopback(), f"listening beyond 127.0.0.1: {started.beyond_loopback()}"
+    assert not started.left_running(), f"still running after the notebook ended: {started.left_running()}"
+    assert not started.folders_left(), f"Ray left its session folders behind: {started.folders_left()}"
+    if notebook.name == RAY_LECTURE:
+        assert started.session_folders, "the Ray Serve demo ran but no Ray session was seen: the watcher missed it"
     check = FIGURE_CHECKS.get(notebook.name)
     if check is not None:
-        assert run.figures is not None, f"{run.notebook} defines no lesson_figures: its last code cell must (see ARCHITECTURE.md)"
-        check(run.figures)
+        assert run["figures"] is not None, f"{notebook.name} defines no lesson_figures: its last code cell must (see ARCHITECTURE.md)"
+        check(run["figures"])
+
+
+# One lecture's run, in a fresh interpreter: the result as one JSON line on stdout.
+RUN_ONE = """
+import json, sys
+from helpers.course.notebooks import execute_notebook
+run = execute_notebook(sys.argv[1], sys.argv[2], parameters={"quick": True}, root=sys.argv[3], html=False)
+print(json.dumps({"status": run.status, "seconds": run.seconds, "error": run.error, "figures": run.figures}))
+"""
+
+
+class LectureRuns:
+    """The lectures, run two at a time: many cells wait (servers starting, Prometheus scraping, Ray), and a second
+    notebook uses the cores meanwhile. A lecture in RUN_ALONE (its checks compare timings) runs first, by itself."""
+
+    def __init__(self, notebooks: list[Path], out: Path, jobs: int = 2):
+        self.out = out
+        alone = [nb for nb in notebooks if nb.name in RUN_ALONE]
+        self._pool = ThreadPoolExecutor(max_workers=jobs)
+        self._first = {nb: self._pool.submit(self._run, nb) for nb in alone}
+        self._futures = dict(self._first)
+        self._gate = threading.Event()  # the others start once every lecture that runs alone has finished
+        threading.Thread(target=self._start_others, args=([nb for nb in notebooks if nb not in alone],), daemon=True).start()
+
+    def _start_others(self, notebooks: list[Path]) -> None:
+        for future in self._first.values():
+            future.exception()  # waits
+        self._futures.update({nb: self._pool.submit(self._run, nb) for nb in notebooks})
+        self._gate.set()
+
+    def _run(self, notebook: Path) -> tuple[dict, StartedProcesses]:
+        process = subprocess.Popen([sys.executable, "-c", RUN_ONE, str(notebook), str(self.out), str(ROOT / "lectures")],
+                                   cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        with StartedProcesses(root=process.pid) as started:
+            try:
+                stdout, stderr = process.communicate(timeout=NOTEBOOK_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                stdout, stderr = process.communicate()
+        lines = stdout.strip().splitlines()
+        try:
+            return json.loads(lines[-1]), started
+        except (IndexError, json.JSONDecodeError):
+            return {"status": "crashed", "seconds": 0.0, "error": f"exit code {process.returncode}\n{stderr[-4000:]}",
+                    "figures": None}, started
+
+    def result(self, notebook: Path) -> tuple[dict, StartedProcesses]:
+        if notebook not in self._first:
+            self._gate.wait()
+        return self._futures[notebook].result()
+
+    def close(self) -> None:
+        self._pool.shutdown(cancel_futures=True)
