@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from helpers.course import assignments
+from helpers.course import assignments, kit_use
 from helpers.course.grading import WEIGHTS, Course, course_grade, read_status
-from helpers.course.notebooks import execute_notebook
 
 from .grading_support import ROOT, copy_course, hidden_test_lines, make, submit
+from .notebook_runs import WatchedNotebookRuns, processes_behaved
 
 pytestmark = [pytest.mark.notebooks, pytest.mark.grading, pytest.mark.timeout(2400)]  # the module fixture grades the whole course
 
@@ -44,12 +44,28 @@ def test_assignment_follows_the_authoring_convention(assignment):
     assert assignments.convention_problems(SOURCE / assignment) == []
 
 
+@pytest.fixture(scope="module")
+def source_runs(request, tmp_path_factory):
+    """The selected source notebooks, run in copies of their folders (nothing is written into the repository): two at
+    a time, those the assignment declares timing-sensitive alone, each in a process of its own that is watched."""
+    selected = [(item.callspec.params["assignment"], item.callspec.params["notebook"]) for item in request.session.items
+                if getattr(item, "originalname", "") == "test_source_notebook_passes_all_its_tests_under_papermill"]
+    copies = tmp_path_factory.mktemp("source")
+    for assignment in dict.fromkeys(a for a, _ in selected):
+        shutil.copytree(SOURCE / assignment, copies / assignment)
+    notebooks = [copies / a / nb for a, nb in selected]
+    alone = [copies / a / nb for a, nb in selected if nb in kit_use.declaration(SOURCE / a).timing_sensitive]
+    runs = WatchedNotebookRuns(notebooks, tmp_path_factory.mktemp("executed"), copies, alone=alone)
+    yield runs
+    runs.close()
+
+
 @pytest.mark.parametrize("assignment, notebook", NOTEBOOKS)
-def test_source_notebook_passes_all_its_tests_under_papermill(assignment, notebook, tmp_path):
-    folder = shutil.copytree(SOURCE / assignment, tmp_path / assignment)  # run in a copy: nothing is written into the repository
-    run = execute_notebook(folder / notebook, tmp_path / "executed", html=False)
-    if run.status != "ok":
-        pytest.fail(f"{assignment}/{notebook} (with solutions) failed after {run.seconds:.0f} s:\n{run.error}", pytrace=False)
+def test_source_notebook_passes_all_its_tests_under_papermill(assignment, notebook, source_runs):
+    run, started = source_runs.result(source_runs.root / assignment / notebook)
+    if run["status"] != "ok":
+        pytest.fail(f"{assignment}/{notebook} (with solutions) failed after {run['seconds']:.0f} s:\n{run['error']}", pytrace=False)
+    processes_behaved(started)
 
 
 # ---------------------------------------------------------------- one pass of the whole pipeline

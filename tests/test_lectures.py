@@ -1,6 +1,6 @@
 """Every lecture notebook executes top to bottom under papermill (quick profile), and what it measured holds up.
 
-The lectures run two at a time, each in an interpreter of its own (LectureRuns), one that compares timings alone.
+The lectures run two at a time, each in an interpreter of its own (tests/notebook_runs.py); one that compares timings runs alone.
 
 A lecture's last code cell defines ``lesson_figures = {...}`` (see helpers.course.notebooks.LESSON_FIGURES and
 ARCHITECTURE.md); ``FIGURE_CHECKS`` checks at least one measured figure of each lecture named there against an
@@ -10,18 +10,13 @@ While a lecture runs, every process it starts (servers, workers, Ray) is watched
 """
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from helpers.course.notebooks import find_notebooks
 
-from .process_watch import StartedProcesses
+from .notebook_runs import WatchedNotebookRuns, processes_behaved
 
 pytestmark = pytest.mark.notebooks
 
@@ -94,7 +89,6 @@ def monitoring_lecture(f):
 
 
 RAY_LECTURE = "07-formats-runtimes-batching.ipynb"  # starts Ray Serve
-NOTEBOOK_TIMEOUT_S = 900
 RUN_ALONE = {"01-gpu-architecture-and-benchmarking.ipynb"}  # its figure check compares timings taken in one run
 
 FIGURE_CHECKS = {
@@ -116,10 +110,11 @@ def test_the_kit_has_lecture_notebooks():
 
 @pytest.fixture(scope="module")
 def lecture_runs(request, tmp_path_factory):
-    """The selected lectures queued at once, each in a process of its own that is watched (see LectureRuns)."""
+    """The selected lectures queued at once, two at a time, each in a process of its own that is watched."""
     selected = [item.callspec.params["notebook"] for item in request.session.items
                 if getattr(item, "originalname", "") == "test_lecture_runs_and_its_figures_hold"]
-    runs = LectureRuns(selected, tmp_path_factory.mktemp("lectures"))
+    runs = WatchedNotebookRuns(selected, tmp_path_factory.mktemp("lectures"), ROOT / "lectures", {"quick": True},
+                               alone=[nb for nb in selected if nb.name in RUN_ALONE])
     yield runs
     runs.close()
 
@@ -129,66 +124,10 @@ def test_lecture_runs_and_its_figures_hold(notebook, lecture_runs):
     run, started = lecture_runs.result(notebook)
     if run["status"] != "ok":
         pytest.fail(f"{notebook.name} failed after {run['seconds']:.0f} s:\n{run['error']}", pytrace=False)
-    assert started.processes, "the watcher saw no process: not even the notebook's kernel"
-    assert not started.beyond_loopback(), f"listening beyond 127.0.0.1: {started.beyond_loopback()}"
-    assert not started.left_running(), f"still running after the notebook ended: {started.left_running()}"
-    assert not started.folders_left(), f"Ray left its session folders behind: {started.folders_left()}"
+    processes_behaved(started)
     if notebook.name == RAY_LECTURE:
         assert started.session_folders, "the Ray Serve demo ran but no Ray session was seen: the watcher missed it"
     check = FIGURE_CHECKS.get(notebook.name)
     if check is not None:
         assert run["figures"] is not None, f"{notebook.name} defines no lesson_figures: its last code cell must (see ARCHITECTURE.md)"
         check(run["figures"])
-
-
-# One lecture's run, in a fresh interpreter: the result as one JSON line on stdout.
-RUN_ONE = """
-import json, sys
-from helpers.course.notebooks import execute_notebook
-run = execute_notebook(sys.argv[1], sys.argv[2], parameters={"quick": True}, root=sys.argv[3], html=False)
-print(json.dumps({"status": run.status, "seconds": run.seconds, "error": run.error, "figures": run.figures}))
-"""
-
-
-class LectureRuns:
-    """The lectures, run two at a time: many cells wait (servers starting, Prometheus scraping, Ray), and a second
-    notebook uses the cores meanwhile. A lecture in RUN_ALONE (its checks compare timings) runs first, by itself."""
-
-    def __init__(self, notebooks: list[Path], out: Path, jobs: int = 2):
-        self.out = out
-        alone = [nb for nb in notebooks if nb.name in RUN_ALONE]
-        self._pool = ThreadPoolExecutor(max_workers=jobs)
-        self._first = {nb: self._pool.submit(self._run, nb) for nb in alone}
-        self._futures = dict(self._first)
-        self._gate = threading.Event()  # the others start once every lecture that runs alone has finished
-        threading.Thread(target=self._start_others, args=([nb for nb in notebooks if nb not in alone],), daemon=True).start()
-
-    def _start_others(self, notebooks: list[Path]) -> None:
-        for future in self._first.values():
-            future.exception()  # waits
-        self._futures.update({nb: self._pool.submit(self._run, nb) for nb in notebooks})
-        self._gate.set()
-
-    def _run(self, notebook: Path) -> tuple[dict, StartedProcesses]:
-        process = subprocess.Popen([sys.executable, "-c", RUN_ONE, str(notebook), str(self.out), str(ROOT / "lectures")],
-                                   cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        with StartedProcesses(root=process.pid) as started:
-            try:
-                stdout, stderr = process.communicate(timeout=NOTEBOOK_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                stdout, stderr = process.communicate()
-        lines = stdout.strip().splitlines()
-        try:
-            return json.loads(lines[-1]), started
-        except (IndexError, json.JSONDecodeError):
-            return {"status": "crashed", "seconds": 0.0, "error": f"exit code {process.returncode}\n{stderr[-4000:]}",
-                    "figures": None}, started
-
-    def result(self, notebook: Path) -> tuple[dict, StartedProcesses]:
-        if notebook not in self._first:
-            self._gate.wait()
-        return self._futures[notebook].result()
-
-    def close(self) -> None:
-        self._pool.shutdown(cancel_futures=True)

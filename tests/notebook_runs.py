@@ -1,0 +1,78 @@
+"""Notebooks run two at a time by the suite, each in an interpreter of its own whose processes are watched.
+
+Many cells wait (servers starting, Prometheus scraping, Ray, process groups forming) while a second notebook
+can use the cores. The notebooks in ``alone`` (their checks compare timings) run first, one at a time, with
+nothing beside them; the rest follow, ``jobs`` at a time. ``result(notebook)`` waits for that notebook's run.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Collection
+
+from .process_watch import StartedProcesses
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK_TIMEOUT_S = 900
+
+# One notebook's run, in a fresh interpreter: the result as one JSON line on stdout.
+RUN_ONE = """
+import json, sys
+from helpers.course.notebooks import execute_notebook
+run = execute_notebook(sys.argv[1], sys.argv[2], parameters=json.loads(sys.argv[4]), root=sys.argv[3], html=False)
+print(json.dumps({"status": run.status, "seconds": run.seconds, "error": run.error, "figures": run.figures}))
+"""
+
+
+class WatchedNotebookRuns:
+    def __init__(self, notebooks: list[Path], out: Path, root: Path, parameters: dict | None = None,
+                 alone: Collection[Path] = (), jobs: int = 2):
+        self.out, self.root, self.parameters = out, root, parameters or {}
+        first = [nb for nb in notebooks if nb in set(alone)]
+        self._solo = ThreadPoolExecutor(max_workers=1)
+        self._pool = ThreadPoolExecutor(max_workers=jobs)
+        self._futures = {nb: self._solo.submit(self._run, nb) for nb in first}
+        self._gate = threading.Event()  # set once the others are queued, after every notebook that runs alone
+        threading.Thread(target=self._queue_others, args=(first, [nb for nb in notebooks if nb not in first]), daemon=True).start()
+
+    def _queue_others(self, first: list[Path], others: list[Path]) -> None:
+        for notebook in first:
+            self._futures[notebook].exception()  # waits for it
+        self._futures.update({nb: self._pool.submit(self._run, nb) for nb in others})
+        self._gate.set()
+
+    def _run(self, notebook: Path) -> tuple[dict, StartedProcesses]:
+        command = [sys.executable, "-c", RUN_ONE, str(notebook), str(self.out), str(self.root), json.dumps(self.parameters)]
+        process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        with StartedProcesses(root=process.pid) as started:
+            try:
+                stdout, stderr = process.communicate(timeout=NOTEBOOK_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                stdout, stderr = process.communicate()
+        try:
+            return json.loads(stdout.strip().splitlines()[-1]), started
+        except (IndexError, json.JSONDecodeError):
+            return {"status": "crashed", "seconds": 0.0, "error": f"the runner exited with code {process.returncode}:\n{stderr[-4000:]}",
+                    "figures": None}, started
+
+    def result(self, notebook: Path) -> tuple[dict, StartedProcesses]:
+        if notebook not in self._futures:
+            self._gate.wait()
+        return self._futures[notebook].result()
+
+    def close(self) -> None:
+        self._solo.shutdown(cancel_futures=True)
+        self._pool.shutdown(cancel_futures=True)
+
+
+def processes_behaved(started: StartedProcesses) -> None:
+    """What every watched notebook keeps to: something ran, nothing listened beyond 127.0.0.1, nothing outlived it."""
+    assert started.processes, "the watcher saw no process: not even the notebook's kernel"
+    assert not started.beyond_loopback(), f"listening beyond 127.0.0.1: {started.beyond_loopback()}"
+    assert not started.left_running(), f"still running after the notebook ended: {started.left_running()}"
+    assert not started.folders_left(), f"Ray left its session folders behind: {started.folders_left()}"
