@@ -61,6 +61,12 @@ def test_the_resumed_run_ends_bit_identical_to_the_uninterrupted_one(demo):
     assert demo.recovery_seconds > 0 and demo.seconds_per_step > 0
 
 
+def test_the_command_shown_to_type_hosts_its_own_store(demo):
+    shown = demo.interrupted.shell_command()
+    assert shown.startswith("python -m torch.distributed.run ") and "--rdzv-endpoint=127.0.0.1:" in shown
+    assert "is_host" not in shown and "--rdzv-conf=is_host=false" in demo.interrupted.command
+
+
 def test_no_process_outlives_the_demo(demo):
     for run in demo.runs.values():
         assert processes_of(run.run_dir) == []

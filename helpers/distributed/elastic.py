@@ -35,6 +35,7 @@ from helpers.core.workers import launch, loopback_interface, loopback_store
 from helpers.distributed.elastic_train import DATA, FINAL, train
 
 SCRIPT = "helpers.distributed.elastic_train"
+STORE_IS_OURS = "--rdzv-conf=is_host=false"  # torchrun joins the rendezvous store as a client (run_elastic serves it)
 
 
 # ---------------------------------------------------------------- running torchrun
@@ -54,7 +55,7 @@ def torchrun_command(script_args: Sequence[str], *, nproc: int = 2, max_restarts
     if monitor_interval <= 0:
         raise ValueError(f"monitor_interval={monitor_interval!r}: torchrun checks its workers every so many seconds, a positive number.")
     port = free_port() if port is None else port
-    ours = ["--rdzv-conf=is_host=false"] if store_is_ours else []
+    ours = [STORE_IS_OURS] if store_is_ours else []
     return [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={nproc}",
             f"--max-restarts={max_restarts}", "--rdzv-backend=c10d", f"--rdzv-endpoint={LOOPBACK}:{port}", *ours,
             f"--local-addr={LOOPBACK}", f"--rdzv-id={run_id}", f"--monitor-interval={monitor_interval:g}", "-m", SCRIPT, *script_args]
@@ -107,8 +108,9 @@ class ElasticRun:
     command: list[str]
 
     def shell_command(self) -> str:
-        """The torchrun command as one would type it (``python`` for this interpreter's full path)."""
-        return " ".join("python" if part == sys.executable else part for part in self.command)
+        """The torchrun command as one would type it (``python`` for this interpreter's full path; typed by hand,
+        torchrun hosts the rendezvous store itself, so the flag that made it a client of ``run_elastic``'s goes)."""
+        return " ".join("python" if part == sys.executable else part for part in self.command if part != STORE_IS_OURS)
 
     def attempts(self) -> list[int]:
         return sorted({e["attempt"] for e in self.events})
