@@ -36,6 +36,7 @@ class Rounds:
     errors: int = column("grader errors")
     worst: float = column("reference's lowest %", ".1f")
     seconds: float = column("median s per round", ".1f")
+    lost: str = column("tests the reference failed (round: notebook/test)")
 
 
 class ReferenceGrades(Report):
@@ -49,8 +50,8 @@ def _rounds(root: Path, assignment: str, rounds: int) -> Rounds:
     submit(root, "reference", assignment, source)
     submit(root, "student_version", assignment, released)
     full = zero = errors = 0
-    worst, seconds = 100.0, []
-    for _ in range(rounds):
+    worst, seconds, lost = 100.0, [], []
+    for number in range(1, rounds + 1):
         report = grading.autograde(course, [assignment], jobs=JOBS, regrade=True)
         rows = {row.student_id: row for row in report.rows}
         reference, other = rows["reference"], rows["student_version"]
@@ -59,7 +60,21 @@ def _rounds(root: Path, assignment: str, rounds: int) -> Rounds:
         zero += other.status == "graded" and other.score == 0
         worst = min(worst, reference.percent)
         seconds.append(max(row.seconds for row in rows.values()))
-    return Rounds(assignment, rounds, full, zero, errors, worst, statistics.median(seconds))
+        lost += [f"{number}: {test}" for test in _failed_tests(course, assignment, "reference")]
+    return Rounds(assignment, rounds, full, zero, errors, worst, statistics.median(seconds), "; ".join(lost) or "none")
+
+
+def _failed_tests(course: Course, assignment: str, student: str) -> list[str]:
+    """The graded test cells that did not earn their points in the student's last grading: "notebook/grade id"."""
+    from nbgrader.api import MissingEntry
+
+    with course.gradebook() as gb:
+        try:
+            submission = gb.find_submission(assignment, student)
+        except MissingEntry:
+            return ["(no grades recorded)"]
+        return [f"{notebook.name}/{grade.name}" for notebook in submission.notebooks for grade in notebook.grades
+                if (grade.score or 0) < grade.max_score]
 
 
 def _rounds_asked(text: str) -> int:
