@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import sys
+import threading
 
 import cloudpickle
 import pytest
@@ -65,6 +66,31 @@ def test_traffic_check_counts_a_cells_all_reduce_against_its_formula():
             assert not row.correct and row.formula_per_worker != row.formula_per_worker
 
 
+def in_another_thread(call):
+    """``call`` run on a thread of its own; what it raised is raised here."""
+    import concurrent.futures
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(call).result()
+
+
+def in_a_raw_thread(call):
+    """``call`` on a thread started with _thread, below the threading module."""
+    import _thread
+    done, outcome = threading.Event(), []
+
+    def run():
+        try:
+            outcome.append(call())
+        except BaseException as error:  # noqa: BLE001 - handed back to the caller
+            outcome.append(error)
+        done.set()
+    _thread.start_new_thread(run, ())
+    done.wait()
+    if isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    return outcome[0]
+
+
 def routes_to_collectives():
     """Each route to a collective, tried under point_to_point_only: which raised, and whether send/recv still work."""
     import torch.distributed.distributed_c10d as c10d
@@ -77,6 +103,8 @@ def routes_to_collectives():
         "torch.distributed.nn all_reduce": lambda: dist_nn.all_reduce(x),
         "broadcast_object_list": lambda: dist.broadcast_object_list([1], 0),
         "barrier": lambda: dist.barrier(),
+        "all_reduce from a thread pool": lambda: in_another_thread(lambda: dist.all_reduce(x)),
+        "broadcast from a raw thread": lambda: in_a_raw_thread(lambda: dist.broadcast(x, 0)),
     }
     refused = {}
     for name, call in routes.items():
@@ -88,14 +116,17 @@ def routes_to_collectives():
                 refused[name] = "not allowed" in str(error)
     with point_to_point_only(), count_traffic() as traffic:
         server_all_reduce(x)
-    return refused, dict(traffic.bytes_to), x.tolist()
+    after = torch.ones(2)
+    in_another_thread(lambda: dist.all_reduce(after))  # the collectives' own kernels answer again after the block
+    return refused, dict(traffic.bytes_to), x.tolist(), after.tolist()
 
 
 def test_point_to_point_only_refuses_every_route_to_a_collective_and_lets_send_recv_through():
-    for rank, (refused, sent, summed) in enumerate(launch(routes_to_collectives, 2, echo=False)):
+    for rank, (refused, sent, summed, after) in enumerate(launch(routes_to_collectives, 2, echo=False)):
         assert all(refused.values()), refused
         assert summed == [2.0, 2.0, 2.0]
         assert sent == {1 - rank: 12}
+        assert after == [2.0, 2.0]
 
 
 def send_through_c10d(numel):

@@ -6,6 +6,8 @@ one solution cell replaced, so it scores that notebook's points minus exactly th
 
 - ``c10d_bypass``: part 1's ring all-reduce as one call of ``torch.distributed.distributed_c10d.all_reduce``,
   a route to the collective that no ``dist.<name>`` patch sees;
+- ``thread_escape``: part 1's ring all-reduce as ``dist.all_reduce`` called on a thread of its own, where a
+  dispatch mode (which watches only the thread that entered it) does not look;
 - ``root_predicts``: part 3's distributed prediction computed on the root for every input, with one dummy
   scatter and gather so that the other ranks take part in the messages but do none of the work.
 
@@ -24,7 +26,7 @@ from helpers.course.grading import Course, read_status
 
 from .grading_support import ROOT, copy_course, submit, with_solution
 
-pytestmark = [pytest.mark.grading, pytest.mark.timeout(1800)]  # the fixture grades two HW1 notebooks in the sandbox
+pytestmark = [pytest.mark.grading, pytest.mark.timeout(1800)]  # the fixture grades three HW1 notebooks in the sandbox
 
 HW1 = "hw1_distributed"
 SOURCE = ROOT / "assignments" / "source" / HW1
@@ -33,6 +35,14 @@ C10D_BYPASS = '''def ring_all_reduce(tensor):
     """Looks like send/recv only to a check that patches dist.all_reduce."""
     import torch.distributed.distributed_c10d as c10d
     c10d.all_reduce(tensor)
+    return tensor'''
+
+THREAD_ESCAPE = '''def ring_all_reduce(tensor):
+    """The library's all-reduce, run on a thread of its own."""
+    import threading
+    worker = threading.Thread(target=dist.all_reduce, args=(tensor,))
+    worker.start()
+    worker.join()
     return tensor'''
 
 ROOT_PREDICTS = '''def distributed_predict(model, inputs, root=0):
@@ -48,6 +58,7 @@ ROOT_PREDICTS = '''def distributed_predict(model, inputs, root=0):
 
 CHEATS = {  # student: (notebook, solution cell's grade id, source, the points of the task it targets)
     "c10d_bypass": ("part1_ring_allreduce.ipynb", "task1_ring_all_reduce", C10D_BYPASS, 5.0),
+    "thread_escape": ("part1_ring_allreduce.ipynb", "task1_ring_all_reduce", THREAD_ESCAPE, 5.0),
     "root_predicts": ("part3_distributed_eval.ipynb", "task1_distributed_predict", ROOT_PREDICTS, 3.0),
 }
 

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from helpers.core.torch_adapters.dispatch import TorchDispatchMode
+from helpers.core.torch_adapters.op_overrides import kernels_replaced, op_names
 
 
 def torch_all_reduce(tensor: torch.Tensor, average: bool = False) -> torch.Tensor:
@@ -27,6 +28,8 @@ def torch_all_reduce(tensor: torch.Tensor, average: bool = False) -> torch.Tenso
 
 
 # ---------------------------------------------------------------- watching the traffic
+
+COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional")  # where torch registers its communication operators
 
 
 @dataclass
@@ -57,7 +60,7 @@ class _Watch(TorchDispatchMode):
         self.on_op = on_op
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.namespace in ("c10d", "_c10d_functional", "c10d_functional"):
+        if func.namespace in COLLECTIVE_NAMESPACES:
             self.on_op(func.__name__.split(".")[0], args)
         return func(*args, **(kwargs or {}))
 
@@ -80,19 +83,30 @@ def count_traffic() -> Iterator[Traffic]:
 POINT_TO_POINT = {"send", "recv_", "recv_any_source_"}
 
 
+def _refusal(op: str) -> str:
+    return f"the collective {op} is not allowed here: build the algorithm from dist.send/recv/isend/irecv only"
+
+
 @contextlib.contextmanager
 def point_to_point_only() -> Iterator[None]:
     """Within the block, every collective raises: only send/recv (and isend/irecv) work.
 
     Checked at torch's dispatcher, where every route to a collective meets (``dist.all_reduce``,
     ``torch.distributed.distributed_c10d``, a process group's own methods, ``torch.distributed.nn``,
-    object collectives, barriers): for exercises that ask for an algorithm built from point-to-point messages.
+    object collectives, barriers), and in every thread of the process: for this thread by a dispatch mode,
+    for the others by kernels that refuse in place of each collective's own until the block ends.
     """
     def refuse(op: str, args: tuple) -> None:
         if op not in POINT_TO_POINT:
-            raise RuntimeError(f"the collective c10d.{op} is not allowed here: build the algorithm from dist.send/recv/isend/irecv only")
+            raise RuntimeError(_refusal(f"c10d.{op}"))
 
-    with _Watch(refuse):
+    def refusing_kernel(op: str):
+        def kernel(*args, **kwargs):
+            raise RuntimeError(_refusal(op) + " (nor from another thread)")
+        return kernel
+
+    collectives = [op for op in op_names(COLLECTIVE_NAMESPACES) if op.partition("::")[2] not in POINT_TO_POINT]
+    with kernels_replaced({op: refusing_kernel(op) for op in collectives}), _Watch(refuse):
         yield
 
 

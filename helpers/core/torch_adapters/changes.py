@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 WRITTEN_FOR = "2.14"  # the torch version every adapter here was written and tested against
-ADAPTERS = ("fake_tensor", "dispatch", "mem_tracker", "profiler_memory", "storage", "optim_defaults")
+ADAPTERS = ("fake_tensor", "dispatch", "mem_tracker", "profiler_memory", "storage", "optim_defaults", "op_overrides")
 
 
 class TorchAPIChanged(RuntimeError):
