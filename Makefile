@@ -17,7 +17,8 @@
 #   make ddp-demo        data-parallel LeNet under torchrun on this machine (NPROC=2)
 #   make serve           serve the course's MNIST model on 127.0.0.1 until Ctrl-C (PORT=8000, WORKERS=1)
 #   make serve-llm       the course's language model behind an OpenAI-compatible API on 127.0.0.1 (PORT=8000, SCHEDULER=continuous|static)
-#   make image           build and run lecture 6's image (podman, no registry pull), else run its CMD in a clean venv
+#   make image           build and run lecture 6's image with podman (no registry pull: a base from Debian's packages;
+#                        IMAGE_ARGS= more podman build options), else run its CMD in a clean venv
 #   make mlflow-ui       MLflow's UI on the kit's tracking store (build/mlflow) on 127.0.0.1 (MLFLOW_PORT=5000)
 #   make monitor         Prometheus over make serve's /metrics with the rules in monitoring/ (PROMETHEUS_PORT=9090)
 #
@@ -120,13 +121,15 @@ NPROC ?= 2
 ddp-demo: setup
 	$(VENV)/bin/torchrun --standalone --nproc_per_node=$(NPROC) -m helpers.distributed.ddp_train $(DDP_ARGS)
 
+# Lecture 6's image: built and run with podman where it is installed (helpers/serving/container_image.py), else its CMD
+# in a clean virtual environment. IMAGE_ARGS passes podman build options (a package mirror: --build-arg TORCH_INDEX_URL=...).
+.PHONY: image
+image: setup
+	$(PY) -m helpers.serving.dockerfile --dockerfile lectures/06-web-services/Dockerfile --context . $(if $(IMAGE_ARGS),--build-args "$(IMAGE_ARGS)")
+
 # The course's MNIST model behind FastAPI + uvicorn on 127.0.0.1 (trained first if not cached; Ctrl-C stops it).
 PORT ?= 8000
 WORKERS ?= 1
-.PHONY: image
-image: setup
-	$(PY) -m helpers.serving.dockerfile --dockerfile lectures/06-web-services/Dockerfile --context .
-
 .PHONY: serve
 serve: setup
 	$(PY) -m helpers.serving.server --port $(PORT) --workers $(WORKERS)

@@ -1,11 +1,14 @@
 """Dockerfiles that start: the image's CMD runs in a clean environment holding only what the Dockerfile installs."""
 from __future__ import annotations
 
+import shutil
+import subprocess
 from pathlib import Path
 
 import httpx
 import pytest
 
+from helpers.serving.container_image import build_image, debian_suite, running_image
 from helpers.serving.dockerfile import image_plan, start_image_command
 from helpers.serving.model import mnist_model
 
@@ -51,3 +54,49 @@ def test_dockerignore_keeps_environments_out_and_the_weights_in():
     assert ".venv" in lines and ".git" in lines and "!build/serving/" in lines
     assert "PID 1's only child" not in LECTURE_DOCKERFILE.read_text()
     assert Path(ROOT / "Makefile").read_text().count("helpers.serving.dockerfile") == 1
+
+
+@pytest.mark.parametrize("base, suite", [
+    ("python:3.11.14-slim-bookworm", "bookworm"), ("docker.io/library/python:3.13-trixie", "trixie"),
+    ("python:3.11", "bookworm"), ("registry.local:5000/python", "bookworm"), ("debian:bullseye", "bullseye"),
+])
+def test_the_stand_in_base_follows_the_debian_release_the_from_line_names(base, suite):
+    assert debian_suite(base) == suite
+
+
+# An image no machine holds, so that the build must use the stand-in built from Debian's packages.
+TINY_DOCKERFILE = """FROM python:3.11.99-slim-bookworm
+RUN useradd --uid 10001 web
+WORKDIR /srv
+COPY health.py .
+USER web
+EXPOSE 8080
+CMD ["python", "health.py"]
+"""
+TINY_SERVER = """import http.server, os
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+        self.wfile.write(f"uid={os.getuid()}".encode())
+http.server.HTTPServer(("0.0.0.0", 8080), Health).serve_forever()
+"""
+
+
+@pytest.mark.slow  # builds and runs a real image (about a minute the first time, while the Debian base is built)
+@pytest.mark.skipif(not (shutil.which("podman") and shutil.which("mmdebstrap")),
+                    reason="needs podman and mmdebstrap (apt install podman mmdebstrap): make image uses them where installed")
+def test_podman_builds_on_a_debian_base_and_runs_the_image_on_loopback_only(tmp_path):
+    (tmp_path / "Dockerfile").write_text(TINY_DOCKERFILE)
+    (tmp_path / "health.py").write_text(TINY_SERVER)
+    podman = shutil.which("podman")
+    used = build_image(podman, tmp_path / "Dockerfile", tmp_path, "edl-test-tiny:local", "python:3.11.99-slim-bookworm")
+    assert used.startswith("localhost/edl-python-base:bookworm")
+    with running_image(podman, "edl-test-tiny:local", 8080) as served:
+        answer = httpx.get(served.url + "/health")
+        assert answer.status_code == 200 and answer.text == "uid=10001"  # the USER step holds at run time
+        published = subprocess.run([podman, "ps", "--format", "{{.Names}} {{.Ports}}"], capture_output=True, text=True).stdout
+        ours = [line for line in published.splitlines() if f":{served.port}->" in line]
+        assert ours and all("127.0.0.1:" in line for line in ours), published
+    left = subprocess.run([podman, "ps", "-a", "--format", "{{.Image}}"], capture_output=True, text=True).stdout
+    assert "edl-test-tiny" not in left  # the container went with the caller

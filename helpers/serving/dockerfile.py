@@ -80,7 +80,7 @@ def check_dockerfile(path: str | Path) -> DockerfileReport:
         DockerCheck("no secrets in ENV/ARG", not secrets, "none" if not secrets else "; ".join(secrets)),
         DockerCheck("no ADD from a URL", not urls, "none" if not urls else "; ".join(urls)),
     ]
-    return DockerfileReport(rows, [f"{path}: {len(steps)} instructions; no image was built or pulled."])
+    return DockerfileReport(rows, [f"{path}: {len(steps)} instructions, read (this check builds and pulls nothing)."])
 
 
 # ---------------------------------------------------------------- running an image's CMD without a container engine
@@ -300,37 +300,40 @@ def start_image_command(dockerfile: str | Path, context: str | Path, folder: str
 def main(argv: list[str] | None = None) -> int:
     """``make image``: build and run the lecture's image with podman where it can, else run its CMD in a clean environment."""
     import argparse
+    import shlex
     import shutil
-    import subprocess
     import tempfile
     import urllib.request
+
+    from helpers.serving.container_image import ImageUnavailable, build_image, running_image
 
     parser = argparse.ArgumentParser(prog="python -m helpers.serving.dockerfile", description=main.__doc__)
     parser.add_argument("--dockerfile", default="lectures/06-web-services/Dockerfile")
     parser.add_argument("--context", default=".")
+    parser.add_argument("--build-args", default="", help="more `podman build` options, one shell-quoted string "
+                        "(a mirror: --build-arg TORCH_INDEX_URL=...; a folder of wheels: -v /wheels:/wheels:ro)")
     args = parser.parse_args(argv)
     from helpers.serving.model import mnist_model
 
     mnist_model()  # the image copies the trained weights from build/serving/
     print(check_dockerfile(args.dockerfile))
+    plan = image_plan(args.dockerfile, args.context)
     podman = shutil.which("podman")
-    base = image_plan(args.dockerfile, args.context).base
-    if podman and subprocess.run([podman, "image", "exists", base]).returncode == 0:
+    why = "podman is not installed (install it, e.g. `apt-get install podman`, and `make image` builds and runs the image)"
+    if podman:
         tag = "edl-mnist-service:local"
-        subprocess.run([podman, "build", "--pull=never", "-f", args.dockerfile, "-t", tag, args.context], check=True)
-        from helpers.core.paths import build_dir
-        from helpers.core.procs import ServedProcess, free_port
-
-        port = free_port()
-        with ServedProcess([podman, "run", "--rm", "-p", f"127.0.0.1:{port}:{image_plan(args.dockerfile, args.context).port}", tag],
-                           port, log_path=build_dir("serving") / "image.log", startup_timeout=120) as served:
-            print(f"podman: {tag} answered {urllib.request.urlopen(served.url + '/health').status} on /health")
-        return 0
-    why = ("podman is not installed (install it, e.g. `apt-get install podman`, and `make image` builds and runs the image)"
-           if not podman else
-           f"podman has no local {base} image, and this kit never pulls from a registry (build one from Debian's "
-           "packages, e.g. with mmdebstrap, and tag it so)")
-    print(f"{why}: running the image's CMD in a clean virtual environment that holds only what the Dockerfile installs")
+        try:
+            build_image(podman, args.dockerfile, args.context, tag, plan.base, shlex.split(args.build_args))
+        except ImageUnavailable as err:
+            why = str(err)
+        except RuntimeError as err:
+            print(f"make image: {err}")
+            return 1
+        else:
+            with running_image(podman, tag, plan.port) as served, urllib.request.urlopen(served.url + "/health") as answer:
+                print(f"podman: the image {tag} runs; {served.url}/health answered {answer.status}")
+            return 0
+    print(f"{why}.\nRunning the image's CMD in a clean virtual environment that holds only what the Dockerfile installs:")
     with tempfile.TemporaryDirectory(prefix="edl-image-") as folder, start_image_command(args.dockerfile, args.context, folder) as served:
         with urllib.request.urlopen(served.url + "/health") as answer:
             print(f"{served.url}/health answered {answer.status}: the image's command starts with only its own packages")
