@@ -7,6 +7,8 @@ reference, trimmed the same way, earns every point of the same cells.
 
 - a host read every step made from code that claims to be torch's (a module named ``torch...``): the sync counter
   sees the op at the dispatcher, whoever calls it;
+- a host read every step made on a thread of a pool started before the counter opens: the counter counts in
+  every thread of the process, not only in the one that opened it;
 - a loss scaler that wraps ``torch.amp.GradScaler`` (which the task forbids), held where an attribute scan cannot
   see it: its kernels are caught at the dispatcher;
 - thin imports of kit code under the task's names: the kit exports none of them.
@@ -48,6 +50,31 @@ def train_fast(model, images, labels, epochs=1, batch_size=64, lr=0.05, device=N
             loss.backward()
             optimizer.step()
             total += _disguised.read(loss)  # a host read every step
+        means.append(total / steps)
+    return torch.tensor(means, dtype=torch.float64)
+'''
+
+SYNC_ON_A_POOL_THREAD = '''import concurrent.futures
+
+_reader = concurrent.futures.ThreadPoolExecutor(1)  # started before any counter opens
+_reader.submit(lambda: None).result()
+
+
+def train_fast(model, images, labels, epochs=1, batch_size=64, lr=0.05, device=None):
+    device = torch.device(device or "cpu")
+    model.to(device)
+    images, labels = images.to(device), labels.to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    steps = (len(images) + batch_size - 1) // batch_size
+    means = []
+    for _ in range(epochs):
+        total = 0.0
+        for start in range(0, len(images), batch_size):
+            optimizer.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(model(normalize(images[start:start + batch_size])), labels[start:start + batch_size])
+            loss.backward()
+            optimizer.step()
+            total += _reader.submit(loss.item).result()  # a host read every step, on another thread
         means.append(total / steps)
     return torch.tensor(means, dtype=torch.float64)
 '''
@@ -135,6 +162,8 @@ THIN_OLD_ANSWERS = "from helpers import BucketBatchSampler, pad_batch  # what th
 CASES = {
     "host read from a torch-named module": ("part1_profile_and_fix.ipynb", 2, "task2_train_fast", ["task2_test_no_host_syncs"],
                                             SYNC_FROM_TORCH_NAMED_MODULE),
+    "host read on a pool thread": ("part1_profile_and_fix.ipynb", 2, "task2_train_fast", ["task2_test_no_host_syncs"],
+                                   SYNC_ON_A_POOL_THREAD),
     "GradScaler wrapped, held outside the object": ("part3_loss_scaling.ipynb", 1, "task1_loss_scaler", None, GRAD_SCALER_WRAPPER),
     "GradScaler's fused kernel called by hand": ("part3_loss_scaling.ipynb", 1, "task1_loss_scaler", None, FUSED_KERNEL_BY_HAND),
     "thin import of packing from the kit": ("part2_sequence_packing.ipynb", 1, "task1_pack_sequences", None, THIN_PACKING),

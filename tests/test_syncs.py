@@ -64,6 +64,36 @@ def test_torchs_own_reads_count_too():
     assert syncs.total >= 1
 
 
+def test_reads_on_other_threads_count_too_even_from_a_pool_started_before_the_counter():
+    import concurrent.futures
+    pool = concurrent.futures.ThreadPoolExecutor(2)
+    pool.submit(lambda: None).result()  # its thread exists before the counter opens
+    x = torch.arange(3.0)
+    with count_host_syncs() as syncs:
+        pool.submit(lambda: x.sum().item()).result()
+        pool.submit(lambda: x.tolist()).result()
+        with torch.inference_mode():
+            pool.submit(lambda: float(x[0])).result()
+    pool.shutdown()
+    assert syncs.counts == {"_local_scalar_dense": 2, "tolist": 1}
+
+
+def test_counters_nest_and_leave_torch_as_they_found_it():
+    methods = {name: torch.Tensor.__dict__.get(name) for name in ("tolist", "numpy", "__array__", "__repr__")}
+    x = torch.ones(2)
+    with count_host_syncs() as outer:
+        x.sum().item()
+        with count_host_syncs() as inner:
+            x.tolist()
+        x.sum().item()
+    assert outer.counts == {"_local_scalar_dense": 2, "tolist": 1} and inner.counts == {"tolist": 1}
+    assert {name: torch.Tensor.__dict__.get(name) for name in methods} == methods
+    with count_host_syncs() as after:
+        pass
+    x.sum().item()
+    assert after.total == 0 and x.sum().item() == 2.0
+
+
 def test_cpu_tensors_moved_to_the_cpu_are_not_host_reads():
     with count_host_syncs() as syncs:
         torch.ones(3).cpu()

@@ -17,5 +17,6 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     ".paths": ["build_dir"],
     ".procs": ["LOOPBACK", "free_port"],
     ".torch_adapters.dispatch": ["TorchDispatchMode"],
+    ".torch_adapters.op_overrides": ["kernels_replaced"],
     "helpers.core": ["models", "plots"],
 })

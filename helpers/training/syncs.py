@@ -3,13 +3,14 @@
 On a GPU each of these blocks Python until every queued kernel has finished, so a
 training loop that makes one per step can never run ahead of the device (the
 "synchronisation bound" profile). The reads are counted where they happen, whoever
-makes them and from whatever module:
+makes them, from whatever module and on whatever thread of the process:
 
 - at torch's dispatcher, every ``aten._local_scalar_dense`` (the one op behind ``.item()``,
-  ``float()``, ``int()``, ``bool()`` and formatting a tensor) and every copy from an
-  accelerator to the CPU;
-- at the Python level, the reads that never reach the dispatcher on a CPU: ``.tolist()``,
-  ``.numpy()``, ``__array__`` and ``repr``.
+  ``float()``, ``int()``, ``bool()`` and formatting a tensor), by a kernel that counts in place
+  of the op's own (CPU and CUDA) while a counter is open;
+- at the Python level, the tensor methods that read without that op on a CPU: ``.tolist()``,
+  ``.numpy()``, ``__array__`` and ``repr``, replaced on ``torch.Tensor`` while a counter is open;
+- copies from an accelerator to the CPU, by a dispatch mode of the thread that opened the counter.
 
 Every read counts, torch's own included (Adam's step counters and a DataLoader's seed are
 read with ``.item()`` too): measure a loop built without them, or compare two loops.
@@ -20,17 +21,26 @@ read with ``.item()`` too): measure a loop built without them, or compare two lo
 """
 from __future__ import annotations
 
+import contextlib
+import functools
+import threading
 from collections import Counter
 
 import torch
-from torch.overrides import TorchFunctionMode
 
 from helpers.core.torch_adapters.dispatch import TorchDispatchMode
+from helpers.core.torch_adapters.op_overrides import kernels_replaced
 
-# Tensor methods that read values to the host without an aten op on a CPU (on a GPU they copy, which is counted too).
-PYTHON_LEVEL_READS = frozenset({"tolist", "numpy", "__array__", "__repr__"})
+# Tensor methods that read values to the host without an aten op on a CPU (on a GPU they copy, counted as the method).
+PYTHON_LEVEL_READS = ("tolist", "numpy", "__array__", "__repr__")
 SCALAR_READ = "_local_scalar_dense"
 COPY_OPS = frozenset({"_to_copy", "copy_", "_copy_from", "_copy_from_and_resize"})
+DEVICE_KEYS = ("CPU", "CUDA", "MPS")  # the backends whose scalar reads are counted in every thread
+
+_open: list[SyncCounter] = []  # the counters open now, in any thread: every read is counted by each
+_open_lock = threading.Lock()
+_hooks = contextlib.ExitStack()  # the process-wide kernels and methods, in place while a counter is open
+_reading = threading.local()  # .depth > 0 while this thread runs a read already counted: its inner reads are not
 
 
 class SyncCounter:
@@ -38,44 +48,77 @@ class SyncCounter:
 
     def __init__(self):
         self.counts: Counter[str] = Counter()
-        self._inside_read = 0  # > 0 while a Python-level read runs: its own aten ops are not counted again
-        self._modes = (_ReadMethods(self), _ReadOps(self))
+        self._copies = _CopiesToHost(self)
 
     @property
     def total(self) -> int:
         return sum(self.counts.values())
 
     def __enter__(self) -> SyncCounter:
-        for mode in self._modes:
-            mode.__enter__()
+        with _open_lock:
+            if not _open:
+                _hooks.enter_context(kernels_replaced({f"aten::{SCALAR_READ}": _counted_scalar_read}, DEVICE_KEYS))
+                _hooks.enter_context(_methods_counted())
+            _open.append(self)
+        self._copies.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
-        for mode in reversed(self._modes):
-            mode.__exit__(*exc)
+        self._copies.__exit__(*exc)
+        with _open_lock:
+            _open.remove(self)
+            if not _open:
+                _hooks.close()
 
 
-class _ReadMethods(TorchFunctionMode):
-    """Python level: the methods in PYTHON_LEVEL_READS, whoever calls them."""
-
-    def __init__(self, counter: SyncCounter):
-        super().__init__()
-        self.counter = counter
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        name = getattr(func, "__name__", "")
-        if name not in PYTHON_LEVEL_READS or self.counter._inside_read:
-            return func(*args, **(kwargs or {}))
-        self.counter.counts[name] += 1
-        self.counter._inside_read += 1
-        try:
-            return func(*args, **(kwargs or {}))
-        finally:
-            self.counter._inside_read -= 1
+@contextlib.contextmanager
+def _counted_read(name: str):
+    """Count one read by ``name`` in every open counter, unless it happens inside a read already counted."""
+    depth = getattr(_reading, "depth", 0)
+    if depth == 0:
+        with _open_lock:
+            for counter in _open:
+                counter.counts[name] += 1
+    _reading.depth = depth + 1
+    try:
+        yield
+    finally:
+        _reading.depth = depth
 
 
-class _ReadOps(TorchDispatchMode):
-    """Dispatcher level: ``_local_scalar_dense`` on any device, and copies from an accelerator to the CPU."""
+def _counted_scalar_read(tensor: torch.Tensor):
+    """``aten._local_scalar_dense`` done without calling it (its own kernel is replaced): the one value, as Python's."""
+    with _counted_read(SCALAR_READ):
+        on_cpu = tensor if tensor.device.type == "cpu" else tensor.to("cpu")
+        return on_cpu.reshape(-1).tolist()[0]
+
+
+@contextlib.contextmanager
+def _methods_counted():
+    """``torch.Tensor``'s reading methods replaced by ones that count, then put back as they were."""
+    own = {name: torch.Tensor.__dict__.get(name) for name in PYTHON_LEVEL_READS}
+    for name in PYTHON_LEVEL_READS:
+        setattr(torch.Tensor, name, _counting(name, getattr(torch.Tensor, name)))
+    try:
+        yield
+    finally:
+        for name, method in own.items():
+            if method is None:
+                delattr(torch.Tensor, name)
+            else:
+                setattr(torch.Tensor, name, method)
+
+
+def _counting(name: str, method):
+    @functools.wraps(method)
+    def read(*args, **kwargs):
+        with _counted_read(name):
+            return method(*args, **kwargs)
+    return read
+
+
+class _CopiesToHost(TorchDispatchMode):
+    """Copies from an accelerator to the CPU, in the thread that opened the counter."""
 
     def __init__(self, counter: SyncCounter):
         super().__init__()
@@ -84,10 +127,9 @@ class _ReadOps(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        if not self.counter._inside_read:
-            name = func.overloadpacket.__name__
-            if name == SCALAR_READ or (name in COPY_OPS and _device_to_host(args, out)):
-                self.counter.counts[name] += 1
+        name = func.overloadpacket.__name__
+        if name in COPY_OPS and not getattr(_reading, "depth", 0) and _device_to_host(args, out):
+            self.counter.counts[name] += 1
         return out
 
 
