@@ -102,7 +102,7 @@ def point_to_point_only() -> Iterator[None]:
 
     def refusing_kernel(op: str):
         def kernel(*args, **kwargs):
-            raise RuntimeError(_refusal(op) + " (nor from another thread)")
+            raise RuntimeError(_refusal(op) + " (on any thread)")
         return kernel
 
     collectives = [op for op in op_names(COLLECTIVE_NAMESPACES) if op.partition("::")[2] not in POINT_TO_POINT]

@@ -7,7 +7,7 @@ makes them, from whatever module and on whatever thread of the process:
 
 - at torch's dispatcher, every ``aten._local_scalar_dense`` (the one op behind ``.item()``,
   ``float()``, ``int()``, ``bool()`` and formatting a tensor), by a kernel that counts in place
-  of the op's own (CPU and CUDA) while a counter is open;
+  of the op's own (CPU, CUDA, MPS) while a counter is open;
 - at the Python level, the tensor methods that read without that op on a CPU: ``.tolist()``,
   ``.numpy()``, ``__array__`` and ``repr``, replaced on ``torch.Tensor`` while a counter is open;
 - copies from an accelerator to the CPU, by a dispatch mode of the thread that opened the counter.
@@ -129,7 +129,8 @@ class _CopiesToHost(TorchDispatchMode):
         out = func(*args, **kwargs)
         name = func.overloadpacket.__name__
         if name in COPY_OPS and not getattr(_reading, "depth", 0) and _device_to_host(args, out):
-            self.counter.counts[name] += 1
+            with _open_lock:
+                self.counter.counts[name] += 1
         return out
 
 
