@@ -11,6 +11,7 @@ import nbformat
 import pytest
 import yaml
 
+from helpers.course.lesson_cells import count_lesson_cells, writes_lesson
 from helpers.course.notebooks import find_notebooks, has_outputs, is_clean
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,6 +35,26 @@ def test_stored_notebooks_are_what_make_strip_writes():
     """Kernel metadata included: a notebook stored in this form opens unmodified in `make lab` (test_lab_browser)."""
     unclean = [str(p.relative_to(ROOT)) for p in sorted(stored_notebooks()) if p.exists() and not is_clean(p)]
     assert not unclean, f"notebooks not stored as `make strip` writes them (run `make strip`): {unclean}"
+
+
+@pytest.mark.parametrize("notebook", find_notebooks(ROOT / "lectures"), ids=lambda p: p.name)
+def test_each_lecture_writes_its_lessons_in_its_cells(notebook):
+    """At least three code cells, and 30% of them, write what the lecture teaches (helpers.course.lesson_cells)."""
+    counted = count_lesson_cells(notebook)
+    assert counted.lesson_cells >= 3 and counted.share >= 0.30, (
+        f"{notebook.name}: {counted.lesson_cells} of {counted.code_cells} code cells write the lesson; write the mechanisms "
+        "the sections teach in their cells (README: Adding a lecture)")
+
+
+@pytest.mark.parametrize("source, lesson", [
+    ("def step(model, x):\n    loss = model(x).sum()\n    loss.backward()\n    return loss\n\n", False),  # four lines
+    ("def step(model, x):\n    y = model(x)\n    loss = y.sum()\n    loss.backward()\n    return loss\n", True),
+    ("a = torch.ones(3)\nb = torch.zeros(3)\nc = torch.cat([a, b])\nprint(c)\nd = c\n", True),  # three torch calls in five lines
+    ("a = torch.ones(3)\nb = sweep(a)\nc = sweep(b)\nprint(c)\nd = report(c)\n", False),  # one: the rest is the kit's
+    ("x = torch.ones(3)\n\n# a comment\ny = torch.zeros(3)\nz = torch.cat([x, y])\n", False),  # four lines of code
+])
+def test_what_counts_as_a_lesson_cell(source, lesson):
+    assert writes_lesson(source, {"torch"}) is lesson
 
 
 @pytest.mark.parametrize("notebook", find_notebooks(ROOT / "lectures"), ids=lambda p: p.name)
