@@ -29,11 +29,8 @@ pytestmark = [pytest.mark.notebooks, pytest.mark.grading]  # papermill runs of t
 
 HW2 = ROOT / "assignments" / "source" / "hw2_profiling"
 
-SYNC_FROM_TORCH_NAMED_MODULE = '''import types
-
-_disguised = types.ModuleType("torch._hidden_reader")  # a module whose name looks like torch's
-exec("def read(loss):\\n    return loss.item()", _disguised.__dict__)
-
+# train_fast as the task asks, except for one host read of the loss every step, made by the `_read` each shortcut defines.
+TRAIN_FAST_READING_EVERY_STEP = '''
 
 def train_fast(model, images, labels, epochs=1, batch_size=64, lr=0.05, device=None):
     device = torch.device(device or "cpu")
@@ -49,10 +46,17 @@ def train_fast(model, images, labels, epochs=1, batch_size=64, lr=0.05, device=N
             loss = F.cross_entropy(model(normalize(images[start:start + batch_size])), labels[start:start + batch_size])
             loss.backward()
             optimizer.step()
-            total += _disguised.read(loss)  # a host read every step
+            total += _read(loss)  # a host read every step
         means.append(total / steps)
     return torch.tensor(means, dtype=torch.float64)
 '''
+
+SYNC_FROM_TORCH_NAMED_MODULE = '''import types
+
+_disguised = types.ModuleType("torch._hidden_reader")  # a module whose name looks like torch's
+exec("def read(loss):\\n    return loss.item()", _disguised.__dict__)
+_read = _disguised.read
+''' + TRAIN_FAST_READING_EVERY_STEP
 
 SYNC_ON_A_POOL_THREAD = '''import concurrent.futures
 
@@ -60,24 +64,9 @@ _reader = concurrent.futures.ThreadPoolExecutor(1)  # started before any counter
 _reader.submit(lambda: None).result()
 
 
-def train_fast(model, images, labels, epochs=1, batch_size=64, lr=0.05, device=None):
-    device = torch.device(device or "cpu")
-    model.to(device)
-    images, labels = images.to(device), labels.to(device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-    steps = (len(images) + batch_size - 1) // batch_size
-    means = []
-    for _ in range(epochs):
-        total = 0.0
-        for start in range(0, len(images), batch_size):
-            optimizer.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(model(normalize(images[start:start + batch_size])), labels[start:start + batch_size])
-            loss.backward()
-            optimizer.step()
-            total += _reader.submit(loss.item).result()  # a host read every step, on another thread
-        means.append(total / steps)
-    return torch.tensor(means, dtype=torch.float64)
-'''
+def _read(loss):
+    return _reader.submit(loss.item).result()  # the read happens on the pool's thread
+''' + TRAIN_FAST_READING_EVERY_STEP
 
 GRAD_SCALER_WRAPPER = '''_SCALERS = {}  # kept outside the object, where a look at its attributes does not find it
 
