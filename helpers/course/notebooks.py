@@ -261,24 +261,30 @@ def clean(nb) -> None:
     nb["metadata"]["language_info"] = {**LANGUAGE_INFO, "codemirror_mode": dict(LANGUAGE_INFO["codemirror_mode"])}
 
 
+def stored_form(nb) -> str:
+    """The text a notebook is stored as: nbformat's own serialisation (what JupyterLab saves), ending in a newline."""
+    text = nbformat.writes(nb)
+    return text if text.endswith("\n") else text + "\n"
+
+
 def is_clean(path: str | Path) -> bool:
-    """True when the stored notebook is exactly what ``make strip`` would write."""
-    nb = nbformat.read(Path(path), as_version=4)
-    before = nbformat.writes(nb)
+    """True when the stored notebook is, byte for byte, what ``make strip`` would write (and JupyterLab would save)."""
+    path = Path(path)
+    nb = nbformat.read(path, as_version=4)
     clean(nb)
-    return nbformat.writes(nb) == before
+    return path.read_text(encoding="utf-8") == stored_form(nb)
 
 
 def strip_outputs(path: str | Path) -> bool:
-    """Remove outputs, execution counts and run metadata from a stored notebook; True if it changed."""
+    """Remove outputs, execution counts and run metadata from a stored notebook, in its stored form; True if it changed."""
     path = Path(path)
-    nb = nbformat.read(path, as_version=4)
-    before = nbformat.writes(nb)
+    text = path.read_text(encoding="utf-8")
+    nb = nbformat.reads(text, as_version=4)
     clean(nb)
-    after = nbformat.writes(nb)
-    if after != before:
-        path.write_text(after + ("" if after.endswith("\n") else "\n"), encoding="utf-8")
-    return after != before
+    after = stored_form(nb)
+    if after != text:
+        path.write_text(after, encoding="utf-8")
+    return after != text
 
 
 def has_outputs(path: str | Path) -> bool:
