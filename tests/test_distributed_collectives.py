@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from helpers.core.workers import launch
-from helpers.distributed.collectives import count_traffic, point_to_point_only
+from helpers.distributed.collectives import all_reduce_calls, count_traffic, point_to_point_only, sends_scaled
 from helpers.distributed.comm_models import (
     SCHEMES,
     Link,
@@ -143,6 +143,63 @@ def send_through_c10d(numel):
 
 def test_count_traffic_sees_sends_by_any_route():
     assert launch(send_through_c10d, 2, args=(10,), echo=False) == [({1: 120}, 2), ({}, 0)]
+
+
+def file_all_reduce(tensor, folder):
+    """A sum passed through files, with the traffic of a parameter server sent alongside and ignored."""
+    from pathlib import Path
+    world, rank = dist.get_world_size(), dist.get_rank()
+    torch.save(tensor.clone(), Path(folder) / f"{rank}.pt")
+    server_all_reduce(torch.zeros_like(tensor))  # messages go, and double as a barrier: every file is written
+    tensor.copy_(sum(torch.load(Path(folder) / f"{peer}.pt") for peer in range(world)))
+    return tensor
+
+
+def scaled_runs(folder):
+    """Two all-reduces and two plain messages with every send doubled, then one all-reduce as usual."""
+    rank, results = dist.get_rank(), {}
+    with sends_scaled(2.0):
+        results["parameter server"] = server_all_reduce(torch.full((3,), rank + 1.0)).tolist()
+        results["through files"] = file_all_reduce(torch.full((3,), rank + 1.0), folder).tolist()
+        floats, integers = torch.full((2,), 5.0 - 5 * rank), torch.tensor([7, 8]) * (1 - rank)
+        if rank == 0:  # sent from a pool thread: the scaling holds process-wide
+            in_another_thread(lambda: (dist.send(floats, 1), dist.send(integers, 1)))
+        else:
+            dist.recv(floats, 0)
+            dist.recv(integers, 0)
+        results["floats"], results["integers"] = floats.tolist(), integers.tolist()
+    results["after the block"] = server_all_reduce(torch.full((3,), rank + 1.0)).tolist()
+    return results
+
+
+def test_sends_scaled_changes_what_messages_carry_and_nothing_else(tmp_path):
+    for rank, results in enumerate(launch(scaled_runs, 2, args=(str(tmp_path),), echo=False)):
+        # rank 0 sums 1 + 2 x 2 (rank 1's message, doubled) and sends that back doubled: 5 and 10
+        assert results["parameter server"] == [[5.0, 10.0][rank]] * 3
+        assert results["through files"] == [3.0] * 3  # the files carried the sum: the scaling cannot reach it
+        assert results["floats"] == [[5.0, 5.0], [10.0, 10.0]][rank]  # the sender keeps its own; the receiver gets double
+        assert results["integers"] == [7, 8]  # integers travel unchanged
+        assert results["after the block"] == [3.0] * 3
+
+
+def all_reduces_by_every_route():
+    """All-reduces by three routes (one on a pool thread) under all_reduce_calls, doubled, then one after the block."""
+    import torch.distributed.distributed_c10d as c10d
+    x, y, z = torch.ones(3), torch.ones(5), torch.ones(2, dtype=torch.float64)
+    with all_reduce_calls(scale=2.0) as calls:
+        dist.all_reduce(x)
+        in_another_thread(lambda: c10d._get_default_group().allreduce([y]).wait())
+        dist.all_reduce(z, async_op=True).wait()
+    after = torch.ones(1)
+    dist.all_reduce(after)
+    return calls, x.tolist(), y.tolist(), z.tolist(), after.tolist()
+
+
+def test_all_reduce_calls_records_and_scales_every_route_in_every_thread():
+    for calls, x, y, z, after in launch(all_reduces_by_every_route, 2, echo=False):
+        assert calls == [12, 20, 16]  # float32 x 3, float32 x 5, float64 x 2
+        assert x == [4.0] * 3 and y == [4.0] * 5 and z == [4.0] * 2  # each rank's 1 doubled, summed over two ranks
+        assert after == [2.0]
 
 
 # ---------------------------------------------------------------- the cost formulas

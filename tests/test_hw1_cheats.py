@@ -8,6 +8,12 @@ one solution cell replaced, so it scores that notebook's points minus exactly th
   a route to the collective that no ``dist.<name>`` patch sees;
 - ``thread_escape``: part 1's ring all-reduce as ``dist.all_reduce`` called on a thread of its own, where a
   dispatch mode (which watches only the thread that entered it) does not look;
+- ``file_ring``: part 1's ring all-reduce summed through files, with the ring's exact traffic sent alongside on a
+  tensor of zeros (so the byte count matches), caught because doubling the messages in flight changes nothing;
+- ``file_broadcast``: part 1's tree broadcast read from a file the source wrote, with the tree's messages sent
+  alongside as zeros;
+- ``file_buckets``: part 2's gradient averaging read from every rank's file, with one all-reduce per bucket of
+  the right size on zeros;
 - ``root_predicts``: part 3's distributed prediction computed on the root for every input, with one dummy
   scatter and gather so that the other ranks take part in the messages but do none of the work.
 
@@ -45,6 +51,97 @@ THREAD_ESCAPE = '''def ring_all_reduce(tensor):
     worker.join()
     return tensor'''
 
+FILES = '''import tempfile, time
+from pathlib import Path
+
+_calls = 0
+
+
+def _exchange_folder():
+    """A folder this call shares with the other ranks of this launch (each launch's store has a port of its own)."""
+    global _calls
+    _calls += 1
+    port = dist.distributed_c10d._get_default_store().underlying_store.port
+    folder = Path(tempfile.gettempdir()) / f"by-file-{port}-{_calls}"
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
+def _write(tensor, path):
+    torch.save(tensor.clone(), path.with_suffix(".part"))
+    path.with_suffix(".part").rename(path)
+
+
+def _read(path):
+    while not path.exists():
+        time.sleep(0.01)
+    return torch.load(path)
+'''
+
+FILE_RING = FILES + '''
+
+def ring_all_reduce(tensor):
+    """The sum read from every rank's file; the ring's messages, byte for byte, carry zeros."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    folder = _exchange_folder()
+    _write(tensor, folder / f"{rank}.pt")
+    zeros = torch.zeros(tensor.numel(), dtype=tensor.dtype)
+    bounds = [round(i * zeros.numel() / world) for i in range(world + 1)]
+    chunk = lambda i: zeros[bounds[i % world]:bounds[i % world + 1]]
+    for step in range(2 * (world - 1)):
+        outgoing, incoming = (chunk(rank - step), chunk(rank - step - 1)) if step < world - 1 else (chunk(rank + world - step), chunk(rank + world - 1 - step))
+        pending = dist.isend(outgoing.clone(), (rank + 1) % world) if outgoing.numel() else None
+        if incoming.numel():
+            dist.recv(incoming.clone(), (rank - 1) % world)
+        if pending is not None:
+            pending.wait()
+    tensor.copy_(sum(_read(folder / f"{peer}.pt") for peer in range(world)).view_as(tensor))
+    return tensor'''
+
+FILE_BROADCAST = FILES + '''
+
+def tree_broadcast(tensor, src=0):
+    """The source's tensor read from its file; the binomial tree's messages carry zeros."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    folder = _exchange_folder()
+    if rank == src:
+        _write(tensor, folder / "source.pt")
+    me, distance, zeros = (rank - src) % world, 1, torch.zeros_like(tensor)
+    while distance < world:
+        if me < distance and me + distance < world:
+            dist.send(zeros, (me + distance + src) % world)
+        elif distance <= me < 2 * distance:
+            dist.recv(zeros.clone(), (me - distance + src) % world)
+        distance *= 2
+    if rank != src:
+        tensor.copy_(_read(folder / "source.pt"))
+    return tensor'''
+
+FILE_BUCKETS = FILES + '''
+
+def allreduce_gradients(model, bucket_bytes):
+    """Averages read from every rank's file; the greedy buckets' all-reduces carry zeros."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    grads = [p.grad for p in reversed(list(model.parameters()))]
+    folder = _exchange_folder()
+    _write(torch.cat([g.reshape(-1) for g in grads]), folder / f"{rank}.pt")
+    average = sum(_read(folder / f"{peer}.pt") for peer in range(world)) / world
+    offset = 0
+    for g in grads:
+        g.copy_(average[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
+    sizes, current = [], 0
+    for g in grads:
+        nbytes = g.numel() * g.element_size()
+        if current and current + nbytes > bucket_bytes:
+            sizes.append(current)
+            current = 0
+        current += nbytes
+    sizes.append(current)
+    for size in sizes:
+        dist.all_reduce(torch.zeros(size // 4))
+    return sizes'''
+
 ROOT_PREDICTS = '''def distributed_predict(model, inputs, root=0):
     """Every prediction on the root; the other ranks only join one scatter and one gather of dummies."""
     world, rank = dist.get_world_size(), dist.get_rank()
@@ -59,6 +156,9 @@ ROOT_PREDICTS = '''def distributed_predict(model, inputs, root=0):
 CHEATS = {  # student: (notebook, solution cell's grade id, source, the points of the task it targets)
     "c10d_bypass": ("part1_ring_allreduce.ipynb", "task1_ring_all_reduce", C10D_BYPASS, 5.0),
     "thread_escape": ("part1_ring_allreduce.ipynb", "task1_ring_all_reduce", THREAD_ESCAPE, 5.0),
+    "file_ring": ("part1_ring_allreduce.ipynb", "task1_ring_all_reduce", FILE_RING, 5.0),
+    "file_broadcast": ("part1_ring_allreduce.ipynb", "task2_tree_broadcast", FILE_BROADCAST, 3.0),
+    "file_buckets": ("part2_data_parallel.ipynb", "task1_allreduce_gradients", FILE_BUCKETS, 4.0),
     "root_predicts": ("part3_distributed_eval.ipynb", "task1_distributed_predict", ROOT_PREDICTS, 3.0),
 }
 

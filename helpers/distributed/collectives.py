@@ -2,7 +2,9 @@
 
 ``count_traffic`` records every byte a rank sends, so the cost formulas of ``helpers.distributed.comm_models``
 can be checked on real runs of a lecture's (or a student's) all-reduce; ``point_to_point_only`` makes every
-collective raise, for exercises built from send/recv; both watch torch's dispatcher, where every route meets.
+collective raise, for exercises built from send/recv; ``sends_scaled`` changes what every message carries, so a
+check can see that a result really travelled in the messages; ``all_reduce_calls`` records (and can scale) every
+all-reduce. All watch torch's dispatcher, where every route meets.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from helpers.core.torch_adapters.dispatch import TorchDispatchMode
-from helpers.core.torch_adapters.op_overrides import kernels_replaced, op_names
+from helpers.core.torch_adapters.op_overrides import calls_wrapped, kernels_replaced, op_names
 
 
 def torch_all_reduce(tensor: torch.Tensor, average: bool = False) -> torch.Tensor:
@@ -108,6 +110,42 @@ def point_to_point_only() -> Iterator[None]:
     collectives = [op for op in op_names(COLLECTIVE_NAMESPACES) if op.partition("::")[2] not in POINT_TO_POINT]
     with kernels_replaced({op: refusing_kernel(op) for op in collectives}), _Watch(refuse):
         yield
+
+
+@contextlib.contextmanager
+def sends_scaled(factor: float) -> Iterator[None]:
+    """Within the block, every floating-point tensor this process sends (any thread, any route) arrives times ``factor``.
+
+    The sender's own tensor is left as it was; integer tensors travel unchanged. A sum or a broadcast built from
+    send/recv changes with the factor on every rank that received; a result passed some other way (a file,
+    shared memory) does not, whatever traffic went alongside it.
+    """
+    def scaled_send(original, tensors, group, dst, tag):
+        return original([t * factor if t.is_floating_point() else t for t in tensors], group, dst, tag)
+
+    with calls_wrapped({"c10d::send": scaled_send}):
+        yield
+
+
+@contextlib.contextmanager
+def all_reduce_calls(scale: float = 1.0) -> Iterator[list[int]]:
+    """Within the block, the bytes of every all-reduce this process starts (any thread, any route), in order.
+
+    With ``scale``, each call's tensors are multiplied by it in place just before they are reduced: a result
+    built from the all-reduce comes out ``scale`` times larger; one passed some other way (a file, shared
+    memory) does not, whatever calls went alongside it.
+    """
+    calls: list[int] = []
+
+    def recorded(original, tensors, *rest):
+        calls.append(sum(t.numel() * t.element_size() for t in tensors))
+        if scale != 1.0:
+            for tensor in tensors:
+                tensor.mul_(scale)
+        return original(tensors, *rest)
+
+    with calls_wrapped({"c10d::allreduce_": recorded}):
+        yield calls
 
 
 def time_collective(fn: Callable[[torch.Tensor], torch.Tensor], numel: int, repeats: int = 5, dtype=torch.float32) -> float:
