@@ -37,6 +37,7 @@ def hardware_ecosystem(f):
     assert f["lenet_param_bytes"] == 4 * f["lenet_parameters"]  # fp32 weights
     assert 2 * f["lenet_param_bytes"] <= f["adam_state_bytes"] <= 2 * f["lenet_param_bytes"] + 1024  # two moments, and step counters
     assert all(v > 0 for v in f["samples_per_second"].values())
+    assert 0.15 < f["held_out_accuracy"]["CPU"] <= 1, f["held_out_accuracy"]  # trained beyond chance (10%) on digits it never saw
 
 
 def gpu_programming_model(f):
