@@ -17,6 +17,11 @@ one solution cell replaced, so it scores that notebook's points minus exactly th
 - ``root_predicts``: part 3's distributed prediction computed on the root for every input, with one dummy
   scatter and gather so that the other ranks take part in the messages but do none of the work.
 
+Beside them, honest work written another way keeps every point:
+
+- ``imports_all_reduce``: part 2's averaging with ``all_reduce`` imported by name before the tests run (a test
+  that patched ``dist.all_reduce`` to count the calls saw none and took 2 points).
+
 The reference (full marks) and the released version (nothing) are graded by tests/test_assignments.py.
 """
 from __future__ import annotations
@@ -163,6 +168,32 @@ CHEATS = {  # student: (notebook, solution cell's grade id, source, the points o
 }
 
 
+IMPORTS_ALL_REDUCE = '''from torch.distributed import all_reduce
+
+
+def allreduce_gradients(model, bucket_bytes):
+    """Greedy buckets over the reversed parameters, one all_reduce each, averaged in place."""
+    buckets = [[]]
+    for p in reversed(list(model.parameters())):
+        filled = sum(g.numel() * g.element_size() for g in buckets[-1])
+        if buckets[-1] and filled + p.grad.numel() * p.grad.element_size() > bucket_bytes:
+            buckets.append([])
+        buckets[-1].append(p.grad)
+    sizes = []
+    for grads in buckets:
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        all_reduce(flat)
+        flat /= dist.get_world_size()
+        for g, piece in zip(grads, flat.split([g.numel() for g in grads])):
+            g.copy_(piece.view_as(g))
+        sizes.append(flat.numel() * flat.element_size())
+    return sizes'''
+
+HONEST = {  # student: (notebook, solution cell's grade id, source): full marks on that notebook
+    "imports_all_reduce": ("part2_data_parallel.ipynb", "task1_allreduce_gradients", IMPORTS_ALL_REDUCE),
+}
+
+
 def reference() -> dict[str, nbformat.NotebookNode]:
     return {p.name: assignments.read(p) for p in assignments.notebooks(SOURCE)}
 
@@ -176,7 +207,7 @@ def graded(tmp_path_factory):
     course = Course(root)
     grading.release(course)
     honest = reference()
-    for student, (notebook, grade_id, source, _) in CHEATS.items():
+    for student, (notebook, grade_id, source, *_) in {**CHEATS, **HONEST}.items():
         submit(root, student, HW1, {notebook: with_solution(honest[notebook], grade_id, source)})
     start = time.monotonic()
     report = grading.autograde(course, jobs=2)
@@ -200,3 +231,11 @@ def test_a_cheat_scores_nothing_on_the_task_it_targets(graded, student):
     assert row["status"] == "graded", row["reason"]
     assert float(row["max_score"]) == 22.0 and "missing" in row["reason"], row
     assert float(row["score"]) == assignments.max_points(reference()[notebook]) - points, row
+
+
+@pytest.mark.parametrize("student", sorted(HONEST))
+def test_honest_work_written_another_way_keeps_every_point(graded, student):
+    notebook = HONEST[student][0]
+    row = graded["status"][(student, HW1)]
+    assert row["status"] == "graded", row["reason"]
+    assert float(row["score"]) == assignments.max_points(reference()[notebook]), row
