@@ -17,6 +17,7 @@ from typing import Callable, Iterator
 import torch
 import torch.distributed as dist
 
+from helpers.core.fake import tensor_bytes
 from helpers.core.torch_adapters.dispatch import TorchDispatchMode
 from helpers.core.torch_adapters.op_overrides import calls_wrapped, kernels_replaced, op_names
 
@@ -75,7 +76,7 @@ def count_traffic() -> Iterator[Traffic]:
     def record(op: str, args: tuple) -> None:
         if op == "send":  # c10d::send(Tensor[] tensors, ProcessGroup group, int dst, int tag): dst ranks in the group
             tensors, dst = args[0], args[2]
-            traffic.bytes_to[dst] += sum(t.numel() * t.element_size() for t in tensors)
+            traffic.bytes_to[dst] += sum(map(tensor_bytes, tensors))
             traffic.messages_to[dst] += 1
 
     with _Watch(record):
@@ -138,7 +139,7 @@ def all_reduce_calls(scale: float = 1.0) -> Iterator[list[int]]:
     calls: list[int] = []
 
     def recorded(original, tensors, *rest):
-        calls.append(sum(t.numel() * t.element_size() for t in tensors))
+        calls.append(sum(map(tensor_bytes, tensors)))
         if scale != 1.0:
             for tensor in tensors:
                 tensor.mul_(scale)
