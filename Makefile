@@ -21,6 +21,9 @@
 #                        IMAGE_ARGS= more podman build options), else run its CMD in a clean venv
 #   make mlflow-ui       MLflow's UI on the kit's tracking store (build/mlflow) on 127.0.0.1 (MLFLOW_PORT=5000)
 #   make monitor         Prometheus over make serve's /metrics with the rules in monitoring/ (PROMETHEUS_PORT=9090)
+#   make gpu-wheels      download the wheels a GPU machine's image lacks into build/gpu-wheels (needs PyPI; run it before a GPU loan)
+#   make gpu-check       on a GPU machine: install those wheels, run the lectures, tests, quick benchmarks and memory models;
+#                        build/gpu-check/gpu-check.json and .md (GPU_PYTHON=python3, GPU_CHECK_OUT=, GPU_CHECK_ARGS=)
 #
 # Knobs: DEVICE=cpu|cuda (lectures), B=<name> and QUICK=1 (bench; B=reference_grades also ROUNDS= and A=), PYTEST_ARGS=... (test),
 #        COURSE=<folder> (grading targets; default assignments).
@@ -33,7 +36,7 @@ STAMP := $(VENV)/.installed
 # Tools installed in the venv (jupyter, nbgrader, alembic, torchrun) must be found by subprocesses.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: help setup sandbox-tool browser-tool lab lectures bench test test-fast test-gpu strip clean distclean
+.PHONY: help setup sandbox-tool browser-tool lab lectures bench test test-fast test-gpu gpu-wheels gpu-check strip clean distclean
 .PHONY: release autograde feedback grades import
 
 help:
@@ -84,6 +87,18 @@ test-fast: setup
 test-gpu: setup
 	@$(PY) -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else "make test-gpu runs the tests marked gpu on a CUDA GPU: this machine has none")'
 	$(PY) -m pytest -m gpu $(PYTEST_ARGS)
+
+# The GPU check (tests/gpu_check): prepared where PyPI is reachable, run on a GPU machine whose image has torch, Triton
+# and pytest but no network. gpu-check uses that image's own Python (GPU_PYTHON), not .venv, and installs nothing else.
+GPU_WHEELS ?= build/gpu-wheels
+GPU_PYTHON ?= python3
+GPU_PYTHON_VERSION ?= 3.12
+GPU_CHECK_OUT ?= build/gpu-check
+gpu-wheels: setup
+	$(PY) -m tests.gpu_check.wheels --download $(GPU_WHEELS) --python-version $(GPU_PYTHON_VERSION)
+
+gpu-check:
+	$(GPU_PYTHON) -m tests.gpu_check --wheels $(GPU_WHEELS) --out $(GPU_CHECK_OUT) $(GPU_CHECK_ARGS)
 
 strip: setup
 	$(PY) -m helpers.course.notebooks strip lectures $(wildcard assignments/source)

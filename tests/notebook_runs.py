@@ -6,13 +6,17 @@ nothing beside them; the rest follow, ``jobs`` at a time. ``result(notebook)`` w
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Collection
+
+import psutil
 
 from .process_watch import StartedProcesses
 
@@ -28,10 +32,23 @@ print(json.dumps({"status": run.status, "seconds": run.seconds, "error": run.err
 """
 
 
+def _kill_tree(pid: int) -> None:
+    """Kill a process and every descendant it has now."""
+    try:
+        root = psutil.Process(pid)
+        processes = [*root.children(recursive=True), root]
+    except psutil.NoSuchProcess:
+        return
+    for process in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+
+
 class WatchedNotebookRuns:
     def __init__(self, notebooks: list[Path], out: Path, root: Path, parameters: dict | None = None,
-                 alone: Collection[Path] = (), jobs: int = 2):
-        self.out, self.root, self.parameters = out, root, parameters or {}
+                 alone: Collection[Path] = (), jobs: int = 2, timeout: float = NOTEBOOK_TIMEOUT_S, deadline: float | None = None):
+        self.out, self.root, self.parameters, self.timeout = out, root, parameters or {}, timeout
+        self.deadline = deadline  # time.monotonic() by which every run is stopped, whenever it started
         first = [nb for nb in notebooks if nb in set(alone)]
         self._solo = ThreadPoolExecutor(max_workers=1)
         self._pool = ThreadPoolExecutor(max_workers=jobs)
@@ -48,16 +65,23 @@ class WatchedNotebookRuns:
     def _run(self, notebook: Path) -> tuple[dict, StartedProcesses]:
         command = [sys.executable, "-c", RUN_ONE, str(notebook), str(self.out), str(self.root), json.dumps(self.parameters)]
         process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        start, stopped = time.monotonic(), False
         with StartedProcesses(root=process.pid) as started:
             try:
-                stdout, stderr = process.communicate(timeout=NOTEBOOK_TIMEOUT_S)
+                limit = self.timeout if self.deadline is None else max(1.0, min(self.timeout, self.deadline - time.monotonic()))
+                stdout, stderr = process.communicate(timeout=limit)
             except subprocess.TimeoutExpired:
-                process.kill()
+                _kill_tree(process.pid)  # the runner, its kernel and what the kernel started
                 stdout, stderr = process.communicate()
+                stopped = True
+        seconds = time.monotonic() - start
+        if stopped:
+            return {"status": "timed out", "seconds": seconds, "error": f"stopped after {seconds:.0f} s, its time limit, while still running",
+                    "figures": None}, started
         try:
             return json.loads(stdout.strip().splitlines()[-1]), started
         except (IndexError, json.JSONDecodeError):
-            return {"status": "crashed", "seconds": 0.0, "error": f"the runner exited with code {process.returncode}:\n{stderr[-4000:]}",
+            return {"status": "crashed", "seconds": seconds, "error": f"the runner exited with code {process.returncode}:\n{stderr[-4000:]}",
                     "figures": None}, started
 
     def result(self, notebook: Path) -> tuple[dict, StartedProcesses]:

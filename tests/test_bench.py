@@ -147,6 +147,16 @@ def test_cudnn_demo_times_the_cells_steps_with_the_switch_off_and_on(capsys):
     assert torch.backends.mkldnn.enabled  # the switch is restored
 
 
+@pytest.mark.parametrize("forward, both, reads", [(1.3, 1.0, "ran faster"), (1.02, 0.97, "ran as fast"), (0.99, 0.93, "ran slower")])
+def test_the_autotuning_verdict_follows_the_measured_speed_ups(forward, both, reads):
+    """On an H100 cudnn.benchmark measured 0.99x and 0.93x on a 3x3 convolution: the lecture's prose had promised faster."""
+    from helpers.hardware.autotune import ConvAutotune, ConvTiming
+
+    report = ConvAutotune([ConvTiming("off", forward * 1e-3, both * 1e-3), ConvTiming("on", 1e-3, 1e-3)], None, title="3x3")
+    assert reads in report.verdict() and f"{forward:.2f}x" in report.verdict() and f"{both:.2f}x" in report.verdict()
+    assert report.title.endswith(": 3x3")
+
+
 def test_allocator_demo_on_the_cpu_reads_resident_memory_at_each_stage(capsys):
     def experiment(read):
         read("before")

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from helpers.serving.container_image import build_image, debian_suite, running_image
-from helpers.serving.dockerfile import image_plan, start_image_command
+from helpers.serving.dockerfile import clean_environment, image_plan, start_image_command
 from helpers.serving.model import mnist_model
 
 from .grading_support import ROOT
@@ -100,3 +100,24 @@ def test_podman_builds_on_a_debian_base_and_runs_the_image_on_loopback_only(tmp_
         assert ours and all("127.0.0.1:" in line for line in ours), published
     left = subprocess.run([podman, "ps", "-a", "--format", "{{.Image}}"], capture_output=True, text=True).stdout
     assert "edl-test-tiny" not in left  # the container went with the caller
+
+
+def _distribution_outside_site_packages(folder: Path, name: str) -> None:
+    """A one-module distribution installed as pip --target installs one: its files and its dist-info in ``folder``."""
+    (folder / name).mkdir(parents=True)
+    (folder / name / "__init__.py").write_text("ANSWER = 42\n")
+    info = folder / f"{name}-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+    (info / "RECORD").write_text(f"{name}/__init__.py,,\n{info.name}/METADATA,,\n{info.name}/RECORD,,\n")
+
+
+def test_the_clean_environment_links_a_distribution_from_where_it_was_installed(tmp_path, monkeypatch):
+    """A package on PYTHONPATH (pip --target, as the GPU check installs what a GPU image lacks) is linked from its own
+    folder: the image's command once started without uvicorn because every package was looked for in site-packages."""
+
+    _distribution_outside_site_packages(tmp_path / "target", "edl_demo_dist")
+    monkeypatch.syspath_prepend(str(tmp_path / "target"))
+    python = clean_environment(["edl-demo-dist==1.0"], tmp_path / "venv")
+    done = subprocess.run([str(python), "-E", "-s", "-c", "import edl_demo_dist; print(edl_demo_dist.ANSWER)"], capture_output=True, text=True)
+    assert done.stdout.strip() == "42", done.stderr

@@ -26,18 +26,21 @@ LECTURES = find_notebooks(ROOT / "lectures")
 
 def gpu_architecture(f):
     seconds = f["overlap_seconds"]
-    slower_part = max(seconds["copies only"], seconds["compute only"])
+    copies = seconds.get("copies only (pageable)", seconds["copies only"])  # a GPU's serial loop copies from pageable memory
+    slower_part = max(copies, seconds["compute only"])
     # one after the other never beats the slower part alone (10% timing margin) and costs about the two together at most
-    assert 0.9 * slower_part < seconds["copy then compute (pageable)"] < 2.5 * (seconds["copies only"] + seconds["compute only"]), seconds
-    if "non_blocking from pinned memory, side stream" in seconds:  # a GPU: overlapping never beats the slower part either
-        assert seconds["non_blocking from pinned memory, side stream"] > 0.9 * slower_part, seconds
+    assert 0.9 * slower_part < seconds["copy then compute (pageable)"] < 2.5 * (copies + seconds["compute only"]), seconds
+    if "non_blocking from pinned memory, side stream" in seconds:  # a GPU: overlapping never beats the slower of its parts either
+        assert seconds["non_blocking from pinned memory, side stream"] > 0.9 * max(seconds["copies only"], seconds["compute only"]), seconds
 
 
 def hardware_ecosystem(f):
     assert f["lenet_param_bytes"] == 4 * f["lenet_parameters"]  # fp32 weights
     assert 2 * f["lenet_param_bytes"] <= f["adam_state_bytes"] <= 2 * f["lenet_param_bytes"] + 1024  # two moments, and step counters
     assert all(v > 0 for v in f["samples_per_second"].values())
-    assert 0.15 < f["held_out_accuracy"]["CPU"] <= 1, f["held_out_accuracy"]  # trained beyond chance (10%) on digits it never saw
+    # every device's LeNet learned: five times chance (10%) on digits it never saw (with the course's last ReLU kept, a run
+    # could end with most digits dead: 20% on an H100 once, 10-95% over eight seeds on a CPU)
+    assert all(0.5 <= accuracy <= 1 for accuracy in f["held_out_accuracy"].values()), f["held_out_accuracy"]
 
 
 def gpu_programming_model(f):

@@ -71,8 +71,15 @@ def test_padding_strategies_measure_the_loaders_they_are_given():
     assert whole.speedup == 1.0 and bucketed.padding_share < whole.padding_share
     assert len(report.plot().patches) == 3
     share = f"{bucketed.tokens / whole.tokens:.0%} of the positions"
-    for speedup, words in ((3.0, "3.0x faster"), (1.0, "at the same speed (1.00x)"), (0.5, "2.0x slower")):
+    for speedup, words in ((3.0, "3.00x as fast"), (1.0, "at the same speed (1.00x)"), (0.5, "2.0x slower (0.50x)")):
         bucketed.speedup = speedup  # the sentence follows the measured speed-up, whatever the machine measured
         assert share in report.bucketing_sentence() and words in report.bucketing_sentence()
     with pytest.raises(ValueError, match="at least one loader"):
         pipelines.padding_strategies({}, data.vocab)
+
+
+def test_the_padding_model_is_wide_enough_on_a_gpu_for_padding_to_cost_time():
+    """A 64-wide classifier's step on a GPU is bound by kernel launches, so padding would cost no time: a GPU gets 512 wide."""
+    assert pipelines.classifier_for(torch.device("cpu"), 50).embed.embedding_dim == 64
+    gpu_model = pipelines.classifier_for(torch.device("cuda"), 50)  # built on the CPU: only its size is asked
+    assert gpu_model.embed.embedding_dim == 512 and gpu_model.encoder.self_attn.num_heads == 8

@@ -20,18 +20,36 @@ class ConvTiming:
     forward_backward_seconds: float = column("forward + backward", format_seconds)
 
 
+SAME_SPEED = 0.05  # two timings within 5% of each other are read as the same speed: run-to-run noise is of that order
+
+
 class ConvAutotune(Report):
     """A convolution's forward and forward+backward time with algorithm autotuning off and on."""
 
     title = "Convolution: autotuning off vs on"
 
-    def __init__(self, rows, notice: str | None):
+    def __init__(self, rows, notice: str | None, title: str | None = None):
         super().__init__(rows, notice=notice)
+        if title:
+            self.title = f"{self.title}: {title}"
         self.forward_speedup = rows[0].forward_seconds / rows[1].forward_seconds
         self.forward_backward_speedup = rows[0].forward_backward_seconds / rows[1].forward_backward_seconds
 
     def table(self) -> str:
         return super().table() + f"\nspeed-up: forward {self.forward_speedup:.2f}x, forward + backward {self.forward_backward_speedup:.2f}x"
+
+    def verdict(self) -> str:
+        """What switching autotuning on did here, read from the two measured speed-ups."""
+        off, on = self.rows
+        speedups = (self.forward_speedup, self.forward_backward_speedup)
+        figures = f"forward {speedups[0]:.2f}x, forward + backward {speedups[1]:.2f}x"
+        if max(speedups) >= 1 + SAME_SPEED:
+            return f"{on.setting} ran faster than {off.setting}: {figures}."
+        if min(speedups) > 1 - SAME_SPEED:
+            return (f"{on.setting} ran as fast as {off.setting}, within {SAME_SPEED:.0%}: {figures}; the default already chose "
+                    "(nearly) the fastest kernels for this shape.")
+        return (f"{on.setting} ran slower than {off.setting}: {figures}; the choice that won its trial call lost in the "
+                "steady loop, or other work disturbed the timing (rerun the cell).")
 
     def plot(self, ax=None):
         return plots.grouped_bars(
@@ -44,13 +62,14 @@ class ConvAutotune(Report):
 
 
 def cudnn_benchmark_demo(forward: Callable[[], object], forward_backward: Callable[[], object], autotuning: Callable[[bool], None],
-                         device: str | torch.device | None = None, labels: tuple[str, str] | None = None) -> ConvAutotune:
+                         device: str | torch.device | None = None, labels: tuple[str, str] | None = None,
+                         title: str | None = None) -> ConvAutotune:
     """Time a notebook's convolution steps with its ``autotuning(on)`` switch off, then on.
 
     ``autotuning(True)`` is meant to set ``torch.backends.cudnn.benchmark`` on a GPU (the
     first call with a new shape tries cuDNN's algorithms and keeps the fastest) and the
     analogous library switch on a CPU (oneDNN). Both global switches are put back as
-    they were afterwards. ``labels``: the two rows' names.
+    they were afterwards. ``labels``: the two rows' names; ``title``: what was convolved, added to the table's title.
     """
     device = pick_device(device)
     notice = gpu_notice("cudnn.benchmark", device)
@@ -62,4 +81,4 @@ def cudnn_benchmark_demo(forward: Callable[[], object], forward_backward: Callab
             autotuning(on)
             rows.append(ConvTiming(label, timeit(forward, device=device, min_run_time=0.2).median,
                                    timeit(forward_backward, device=device, min_run_time=0.2).median))
-    return ConvAutotune(rows, notice)
+    return ConvAutotune(rows, notice, title)

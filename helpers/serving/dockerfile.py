@@ -212,31 +212,32 @@ def clean_environment(requirements: list[str], folder: Path) -> Path:
     """
     import subprocess
     import sys
-    import sysconfig
 
     folder = Path(folder)
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True, capture_output=True)
     python = folder / "bin" / "python"
     site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                check=True, capture_output=True, text=True).stdout.strip())
-    ours = Path(sysconfig.get_paths()["purelib"])
-    owners: dict[str, set[str]] = {}
+    # top-level entry -> (folder, child) pairs: each distribution's files where it was installed (site-packages, or a
+    # --target folder on PYTHONPATH); child "" means the entry is the distribution's own, not a shared namespace folder
+    owners: dict[str, set[tuple[Path, str]]] = {}
     for dist in _installed_closure(requirements).values():
         root = Path(dist.locate_file(""))
         for file in dist.files or []:
             parts = Path(file).parts
             if parts and parts[0] != ".." and not parts[0].endswith(".pth") and (root / parts[0]).exists():
-                owners.setdefault(parts[0], set()).add(parts[1] if len(parts) > 2 else "")
-    for top, children in owners.items():
-        source = ours / top
+                owners.setdefault(parts[0], set()).add((root, parts[1] if len(parts) > 2 else ""))
+    for top, places in owners.items():
         if (site / top).exists():
             continue
-        if "" in children or not source.is_dir():
-            (site / top).symlink_to(source)
+        whole = [root for root, child in places if child == "" or not (root / top).is_dir()]
+        if whole:
+            (site / top).symlink_to(whole[0] / top)
         else:  # a namespace folder several distributions share: link only the children of the chosen ones
             (site / top).mkdir()
-            for child in children:
-                (site / top / child).symlink_to(source / child)
+            for root, child in places:
+                if not (site / top / child).exists():
+                    (site / top / child).symlink_to(root / top / child)
     return python
 
 

@@ -8,7 +8,7 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     ".precision": ["TENSOR_CORE_MULTIPLES", "almost_fitted_regression", "autocast_ops", "loss_scaling",
                    "number_formats", "scale_history", "tensor_core_alignment"],
     ".amp": ["amp_comparison", "compute_bound_width", "step_memory"],
-    ".data_pipelines": ["padding_strategies", "storage_formats",
+    ".data_pipelines": ["padding_strategies", "padding_workload", "storage_formats",
                         "synthetic_images"],
     ".sequences": ["PAD", "SequenceData", "pad_to", "padding_share", "synthetic_sequences"],
     ".profiling": ["cprofile", "op_table", "py_spy"],

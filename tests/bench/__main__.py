@@ -13,6 +13,7 @@ import json
 import pkgutil
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import helpers  # noqa: F401  (quietens torch's import-time warnings)
@@ -44,7 +45,14 @@ def main(argv: list[str] | None = None) -> int:
     missed = []
     for name in args.only or names:
         start = time.perf_counter()
-        result: BenchResult = importlib.import_module(f"tests.bench.bench_{name}").run(quick=args.quick)
+        try:
+            result: BenchResult = importlib.import_module(f"tests.bench.bench_{name}").run(quick=args.quick)
+        except Exception:  # noqa: BLE001 - one benchmark that breaks is reported; the others still run
+            error = traceback.format_exc()
+            print(f"[{name}: crashed]\n{error}", file=sys.stderr)
+            missed.append(f"{name}: crashed ({error.strip().splitlines()[-1]})")
+            (out / f"{name}.json").write_text(json.dumps({"name": name, "quick": args.quick, "error": error, "targets": []}, indent=2))
+            continue
         seconds = time.perf_counter() - start
         for report in result.reports:
             print(report, end="\n\n")

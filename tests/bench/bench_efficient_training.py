@@ -8,10 +8,10 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from helpers.core.device import gpu_available
+from helpers.core.device import gpu_available, pick_device
 from helpers.training.amp import amp_comparison, compute_bound_width
 from helpers.training.compiling import eager_vs_compiled
-from helpers.training.data_pipelines import padding_strategies, storage_formats, synthetic_images
+from helpers.training.data_pipelines import padding_strategies, padding_workload, storage_formats, synthetic_images
 from helpers.training.sequences import pad_to, synthetic_sequences
 from helpers.training.workloads import tiny_mlp
 
@@ -42,8 +42,9 @@ def run(quick: bool) -> BenchResult:
     torch.manual_seed(0)
     mlp = nn.Sequential(*[layer for _ in range(4) for layer in (nn.Linear(width, width), nn.GELU())], nn.Linear(width, 10))
     amp = amp_comparison(mlp, torch.randn(batch, width), min_run_time=0.05 if quick else 0.5)
-    sequences = synthetic_sequences(128 if quick else 512, max_length=64 if quick else 256)
-    padding = padding_strategies(_padding_loaders(sequences, 32), sequences.vocab, rounds=1 if quick else 2)
+    count, padding_batch = (128, 32) if quick else padding_workload(pick_device(None))
+    sequences = synthetic_sequences(count, max_length=64 if quick else 256)
+    padding = padding_strategies(_padding_loaders(sequences, padding_batch), sequences.vocab, rounds=1 if quick else 2)
     with tempfile.TemporaryDirectory() as folder:
         storage = storage_formats(synthetic_images(16 if quick else 256, 64 if quick else 256), folder, min_run_time=0.02 if quick else 0.3)
     compiled = None if quick else eager_vs_compiled(tiny_mlp(), torch.randn(32, 32), program="narrow MLP (launch bound)", threads=1)

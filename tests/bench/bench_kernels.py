@@ -80,7 +80,8 @@ def profile_targets(device) -> tuple[list[Target], KernelTable]:
 
 def roofline_targets(roofline) -> list[Target]:
     """Element-wise work runs near the bandwidth roof; the largest matmul near the compute roof."""
-    memory, matmuls = roofline.memory_bound(), [r for r in roofline.rows if r.kind == "matmul"]
+    memory = [r for r in roofline.rows if r.bound == "memory"]
+    matmuls = [r for r in roofline.rows if r.kind == "matmul"]
     targets = []
     if memory:  # well above the roof means caches served the data: the sizes are too small for this machine
         best = max(r.pct_of_roof for r in memory)

@@ -1,0 +1,106 @@
+"""``training_memory`` against the allocator's peak on models the kit was not tuned on.
+
+    python -m tests.gpu_check.memory_models [--quick] [--cases N] [--out rows.json]     # a row per model
+
+Each case is a real model (torchvision, nn.Transformer), an optimizer (SGD or Adam) and AMP on or off; the estimate
+runs on fake tensors and allocates nothing, the measurement runs one real step after a warm-up
+(``measure_training_memory``: ``torch.cuda.max_memory_allocated`` on a GPU, torch.profiler's memory events on a CPU).
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import nn
+
+TOLERANCE = 0.03  # the estimate is within 3% of the allocator's peak
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    build: Callable[[], nn.Module]
+    inputs: Callable[[int], tuple]  # batch size -> the shapes of the positional inputs
+    batch: int
+    quick_batch: int
+    optimizer: str
+    amp: bool
+
+
+def _vision(name: str, **kwargs) -> Callable[[], nn.Module]:
+    def build():
+        import torchvision
+
+        return getattr(torchvision.models, name)(weights=None, **kwargs)
+    return build
+
+
+def _images(size: int) -> Callable[[int], tuple]:
+    return lambda batch: ((batch, 3, size, size),)
+
+
+def _transformer() -> nn.Module:
+    return nn.Transformer(d_model=512, nhead=8, num_encoder_layers=4, num_decoder_layers=4, dim_feedforward=2048, batch_first=True)
+
+
+CASES = (
+    Case("resnet50", _vision("resnet50"), _images(224), 32, 2, "sgd", False),
+    Case("vit_b_16", _vision("vit_b_16"), _images(224), 16, 1, "adam", True),
+    Case("mobilenet_v3_large", _vision("mobilenet_v3_large"), _images(224), 64, 2, "adam", False),
+    Case("nn.Transformer (4+4 layers, d=512)", _transformer, lambda batch: ((batch, 128, 512), (batch, 128, 512)), 32, 2, "sgd", True),
+    Case("convnext_tiny", _vision("convnext_tiny"), _images(224), 32, 2, "sgd_momentum", True),
+)
+
+
+def compare(case: Case, device: torch.device, quick: bool) -> dict:
+    """One case: the estimate, the allocator's peak, and whether they agree within TOLERANCE."""
+    from helpers.core.memory import measure_training_memory, training_memory
+
+    batch = case.quick_batch if quick else case.batch
+    torch.manual_seed(0)
+    model = case.build().to(device)
+    example = tuple(torch.empty(shape, device="meta") for shape in case.inputs(batch))
+    row = {"model": case.name, "batch": batch, "optimizer": case.optimizer, "amp": case.amp, "device": str(device)}
+    try:
+        estimate = training_memory(model, example, case.optimizer, amp=case.amp)
+        measured = measure_training_memory(model, example, case.optimizer, amp=case.amp)
+    except Exception as err:  # noqa: BLE001 - a case that cannot run is a failed row, not a crashed check
+        return {**row, "status": "failed", "error": f"{type(err).__name__}: {err}"[:2000]}
+    finally:
+        del model
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    peak = measured.allocator_peak_bytes
+    error = (estimate.peak_bytes - peak) / peak
+    return {**row, "estimate_bytes": estimate.peak_bytes, "measured_bytes": peak, "allocator": measured.allocator,
+            "error": round(error, 4), "status": "pass" if abs(error) <= TOLERANCE else "fail"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.gpu_check.memory_models", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="batches of one or two (a dry run on a CPU)")
+    parser.add_argument("--cases", type=int, default=len(CASES), help=f"how many of the {len(CASES)} cases to run")
+    parser.add_argument("--out", type=Path, help="write the rows there as JSON")
+    args = parser.parse_args(argv)
+    import helpers  # noqa: F401  (quietens torch's import-time warnings)
+    from helpers.core.device import pick_device
+
+    device = pick_device(None)
+    rows = []
+    for case in CASES[:args.cases]:
+        rows.append(compare(case, device, args.quick))
+        print(json.dumps(rows[-1]), flush=True)
+        if args.out:
+            args.out.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
