@@ -69,7 +69,7 @@ browser-tool:
 lab: setup
 	$(PY) -m helpers.course.lab
 
-lectures: setup
+lectures: setup monitor-tool
 	$(PY) -m helpers.course.notebooks run lectures --out build/lectures $(if $(DEVICE),-p device=$(DEVICE))
 
 bench: setup sandbox-tool

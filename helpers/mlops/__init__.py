@@ -10,6 +10,6 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     ".tracking": ["experiment_id", "quiet_mlflow", "start_mlflow_ui", "tracking_store"],
     ".versioning": ["Shell", "tool_path"],
     ".live": ["AliasRouter", "InputDriftWindow", "Slowed", "start_alias_service", "watch_inputs"],
-    ".prometheus": ["Prometheus", "sped_up_rules", "watch_alerts"],
+    ".prometheus": ["Prometheus", "prometheus_missing", "sped_up_rules", "watch_alerts"],
     ".monitoring": ["FEATURE_NAMES", "alarm_rates", "behavioural_tests", "pixel_features", "random_split"],
 })

@@ -28,11 +28,20 @@ UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 def tool(name: str = "prometheus") -> str:
-    """The absolute path of ``prometheus`` or ``promtool``; a clear error when the package is missing."""
-    found = shutil.which(name) or (f"/usr/bin/{name}" if Path(f"/usr/bin/{name}").exists() else None)
+    """The absolute path of ``prometheus`` or ``promtool`` on PATH; a clear error when the package is missing."""
+    found = shutil.which(name)
     if not found:
         raise FileNotFoundError(MISSING)
     return found
+
+
+def prometheus_missing() -> str | None:
+    """None where Prometheus and promtool can run here, else what to do about it (for a section that skips without them)."""
+    try:
+        tool("prometheus"), tool("promtool")
+    except FileNotFoundError as err:
+        return str(err)
+    return None
 
 
 def _seconds(text: str) -> float:

@@ -55,10 +55,10 @@ class ServedMLP(nn.Module):
         return self.net((pixels.reshape(-1, 1, 28, 28) - MNIST_MEAN) / MNIST_STD)
 
 
-def mnist_holdout(n: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Held-out digits as the service takes them: (pixels (n, 784) in 0..1, labels (n,))."""
-    digits = load_digits(train=False)
-    digits = digits.sample(n) if n is not None else digits
+def mnist_holdout(n: int | None = None, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``n`` held-out digits (all when None) as the service takes them: (pixels (n, 784) in 0..1, labels (n,)); seeded,
+    in rounds of one of each digit (``Digits.sample``), so a slice of 10k from either end holds k of each digit."""
+    digits = load_digits(train=False).sample(n, seed)
     return flat_pixels(digits.images), digits.labels.long()
 
 

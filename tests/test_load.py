@@ -1,0 +1,58 @@
+"""Other programs' share of the CPU: measured apart from this process's own children, and noted under timed tables."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from helpers.core import load
+from helpers.core.report import Report
+from helpers.core.timing import timeit
+
+BUSY = "import time\nend = time.time() + {seconds}\nwhile time.time() < end: pass\n"
+
+
+@pytest.fixture
+def stranger():
+    """A busy loop that is not this process's descendant (its parent shell exits at once), for about 3 s."""
+    shell = subprocess.run(["sh", "-c", f"{sys.executable} -c '{BUSY.format(seconds=3)}' >/dev/null 2>&1 & echo $!"],
+                           capture_output=True, text=True, check=True)
+    pid = int(shell.stdout.strip())
+    time.sleep(0.3)
+    yield pid
+    subprocess.run(["kill", str(pid)], capture_output=True)
+
+
+def test_a_busy_program_outside_this_process_counts_and_a_busy_child_does_not(stranger):
+    with load.OtherLoad() as other:
+        time.sleep(1.0)
+    assert other.cores > 0.5, other.cores  # someone else kept (at least) about a core busy
+    child = subprocess.Popen([sys.executable, "-c", BUSY.format(seconds=1.5)])
+    time.sleep(0.1)
+    start, busy = time.perf_counter(), load._busy_seconds()
+    with load.OtherLoad() as mine:
+        child.wait()
+    everything = (load._busy_seconds() - busy) / (time.perf_counter() - start)  # the whole machine, the child included
+    assert everything - mine.cores > 0.5, (everything, mine.cores)  # the child's core is the demo itself, not other work
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two cores: one busy, one free")
+def test_timing_beside_a_busy_program_uses_the_free_cores_and_the_table_says_so(stranger):
+    load._sample = None
+    assert load.free_threads(os.cpu_count()) <= os.cpu_count() - 1
+    load.take_note()  # nothing left from earlier timings
+    timeit(lambda: sum(range(2000)), min_run_time=0.3)
+    report = Report([])
+    assert any(note.startswith(load.NOTE) for note in report.notes), report.notes
+    assert not any(note.startswith(load.NOTE) for note in Report([]).notes)  # taken once, by the table that follows
+
+
+def test_a_quiet_timing_leaves_no_note():
+    load._seen.clear()
+    load.record(0.1)
+    assert load.take_note() is None and load._seen == []
+    load.record(1.2)
+    assert "1.2 of this machine's" in load.take_note()
