@@ -9,6 +9,8 @@
 #   make setup           create .venv and install the kit (a second run takes seconds)
 #   make strip           remove outputs from stored notebooks before committing
 #   make clean           remove build artefacts (make distclean also removes .venv)
+#   make unlock          decrypt the sealed instructor material (assignments' sources, grading tests): KEY=<instructor key file>
+#   make student-kit     the folder to hand to students: lectures, helpers, released assignments, nothing sealed (build/student-kit)
 #   make release         student versions of the assignments into assignments/release/ (A=<id>)
 #   make autograde       grade submitted/<student>/<assignment>/ in sandboxes (A=, S=, TIMEOUT=, JOBS=, REGRADE=1)
 #   make feedback        HTML feedback per student, hidden tests left out (A=, S=)
@@ -36,7 +38,7 @@ STAMP := $(VENV)/.installed
 # Tools installed in the venv (jupyter, nbgrader, alembic, torchrun) must be found by subprocesses.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: help setup sandbox-tool browser-tool lab lectures bench test test-fast test-gpu gpu-wheels gpu-check strip clean distclean
+.PHONY: help setup sandbox-tool browser-tool crypt-tool unlock student-kit lab lectures bench test test-fast test-gpu gpu-wheels gpu-check strip clean distclean
 .PHONY: release autograde feedback grades import
 
 help:
@@ -65,6 +67,24 @@ browser-tool:
 	  echo "installing Chromium (the browser checks) with apt-get"; \
 	  apt-get install -y -q chromium >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1; } || echo "could not install Chromium: the browser checks will be skipped"; \
 	else echo "note: Chromium is not installed: the browser checks will be skipped (Debian/Ubuntu: sudo apt install chromium)"; fi; }
+
+# git-crypt, which seals the instructor material (.gitattributes): from Debian's packages where this user may, else a note.
+crypt-tool:
+	@command -v git-crypt >/dev/null || { if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing git-crypt (the sealed instructor material) with apt-get"; \
+	  apt-get install -y -q git-crypt >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q git-crypt >/dev/null 2>&1; } || echo "could not install git-crypt"; \
+	else echo "note: git-crypt is not installed: make unlock needs it (Debian/Ubuntu: sudo apt install git-crypt)"; fi; }
+
+# Decrypt the instructor material in this checkout with the kit's key (README, "For instructors": how to get one).
+unlock: crypt-tool
+	@test -n "$(KEY)" || { echo "usage: make unlock KEY=<the instructor key file> (course staff get it from the kit's maintainers)" >&2; exit 2; }
+	@test -f "$(KEY)" || { echo "make unlock: KEY=$(KEY) is not a file; give the path of the instructor key" >&2; exit 2; }
+	git-crypt unlock "$(KEY)"
+	@echo "unlocked: the assignments' sources and the grading tests are plain text in this checkout (git-crypt lock seals them again)"
+
+# The folder to hand to students: lectures, helpers, the released assignments; checked to hold no answer (needs the key).
+student-kit: setup
+	$(PY) -m helpers.course.student_kit --out build/student-kit
 
 lab: setup
 	$(PY) -m helpers.course.lab

@@ -7,9 +7,12 @@ from pathlib import Path
 import pytest
 
 import helpers  # noqa: F401  (quietens torch's import-time warnings before any test imports torch pieces)
+from helpers.course import sealed
 from helpers.serving.lm import ENV_TRAIN_SECONDS
 
 ROOT = Path(__file__).resolve().parents[1]
+LOCKED = sealed.locked(ROOT / "assignments" / "source")  # cloned without the instructor key
+KEY_USED = os.environ.get("EDL_INSTRUCTOR_KEY") == "unlocked"  # .ci/run unlocked with the key: nothing may be skipped as sealed
 
 # The suite's language models train 15 s each (the lectures' 85 s and 25 s): what the tests check of them holds for a
 # briefly trained model, and they are cached apart (target-cpu-v3-15s.pt), so `make lectures` still trains its own.
@@ -40,10 +43,42 @@ def _no_import_hook_left_behind():
     assert builtins.__import__ is before, "this test left an assignment's import hook installed: run notebooks inside kit_use.scoped()"
 
 
+def pytest_sessionstart(session):
+    if KEY_USED and LOCKED:
+        pytest.exit("the instructor key was used, yet assignments/source is still ciphertext: git-crypt unlock failed", returncode=3)
+
+
+class SealedTests(pytest.File):
+    """A test module stored encrypted (the instructor material): one test that says so, where the key is missing."""
+
+    def collect(self):
+        yield SealedModule.from_parent(self, name="sealed")
+
+
+class SealedModule(pytest.Item):
+    def runtest(self):
+        pytest.skip(sealed.MESSAGE)
+
+    def reportinfo(self):
+        return self.path, None, f"{self.path.name} (sealed)"
+
+
+def pytest_pycollect_makemodule(module_path, parent):
+    """A test module that is git-crypt ciphertext is not imported: it becomes one skipped test."""
+    if sealed.is_ciphertext(module_path):
+        return SealedTests.from_parent(parent, path=module_path)
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``gpu`` run where CUDA is; elsewhere each is skipped and says so (``make test-gpu`` runs them on a GPU)."""
+    """Tests marked ``gpu`` run where CUDA is; elsewhere each is skipped and says so (``make test-gpu`` runs them on a GPU).
+    Tests marked ``instructor`` need the sealed instructor material: on a checkout without the key each is skipped."""
     import torch
 
+    if LOCKED:
+        for item in items:
+            if "instructor" in item.keywords:
+                item.add_marker(pytest.mark.skip(reason=sealed.MESSAGE))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (this machine has none): run make test-gpu on a GPU machine")
@@ -53,7 +88,10 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    """Say in the summary when the browser checks did not run, and why (a fresh machine without Chromium)."""
+    """Say in the summary when the browser checks or the instructor material's tests did not run, and why."""
+    sealed_skips = [r for r in terminalreporter.stats.get("skipped", []) if sealed.MESSAGE in str(r.longrepr)]
+    if sealed_skips:
+        terminalreporter.write_sep("=", f"{len(sealed_skips)} tests skipped: {sealed.MESSAGE}", yellow=True)
     skipped = [r for r in terminalreporter.stats.get("skipped", []) if "browser" in r.keywords]
     if not skipped:
         return

@@ -27,7 +27,7 @@ from helpers.course.grading import WEIGHTS, Course, course_grade, read_status
 from .grading_support import ROOT, copy_course, hidden_test_lines, make, submit
 from .notebook_runs import WatchedNotebookRuns, processes_behaved
 
-pytestmark = [pytest.mark.notebooks, pytest.mark.grading, pytest.mark.timeout(2400)]  # the module fixture grades the whole course
+pytestmark = [pytest.mark.notebooks, pytest.mark.grading, pytest.mark.instructor, pytest.mark.timeout(2400)]  # the module fixture grades the whole course
 
 SOURCE = ROOT / "assignments" / "source"
 ASSIGNMENTS = sorted(p.name for p in SOURCE.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))) if SOURCE.exists() else []

@@ -385,6 +385,7 @@ def test_student_ids_are_checked():
         intake.check_student_id("\u0430lice", ["alice"])
 
 
+@pytest.mark.instructor  # reads the assignments' sources
 def test_every_assignment_declares_what_its_notebooks_import_from_the_kit():
     import ast
 

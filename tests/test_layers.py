@@ -102,6 +102,7 @@ def test_lectures_import_only_public_faces(notebook):
     assert not private, f"{notebook.name} imports {private}: import from the block's public face (helpers.<block>)"
 
 
+@pytest.mark.instructor  # reads the assignments' sources
 @pytest.mark.parametrize("source", ASSIGNMENT_SOURCES, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_assignments_import_only_public_faces_and_their_own_files(source):
     """An assignment uses the kit as a student sees it: public faces, and its own support files beside it."""

@@ -99,6 +99,7 @@ def test_solution_names_are_read_from_regions_and_the_functions_around_them():
     assert solution_names("def no_region():\n    return 1\n") == set()
 
 
+@pytest.mark.instructor  # reads the assignments' solutions
 @pytest.mark.parametrize("assignment", ASSIGNMENTS)
 def test_no_helpers_face_exports_and_no_lecture_defines_an_answer(assignment):
     answers = answer_names(assignment)
@@ -106,3 +107,30 @@ def test_no_helpers_face_exports_and_no_lecture_defines_an_answer(assignment):
     problems = [f"{face} exports {name!r} ({answers[name]})" for face, names in public_faces().items() for name in sorted(names & set(answers))]
     problems += [f"{lecture} defines {name!r} ({answers[name]})" for lecture, names in lecture_definitions().items() for name in sorted(names & set(answers))]
     assert not problems, f"{assignment}: the kit holds answers:\n" + "\n".join(problems)
+
+
+@pytest.mark.instructor  # reads the assignments' solutions and hidden tests
+def test_no_plain_file_holds_half_of_any_solution_or_hidden_test():
+    """Every solution and hidden-test region of the sources against every tracked file that is not sealed (the
+    answers of a task must not be readable in the kit a student clones: .gitattributes seals the rest)."""
+    from helpers.course import sealed
+
+    regions = sealed.answer_regions(SOURCE)
+    assert len(regions) >= 40, f"only {len(regions)} solution or hidden-test regions found under {SOURCE}"
+    found = sealed.leaks(regions, sealed.plain_tracked_files(ROOT))
+    assert not found, "plain files hold answers (seal them in .gitattributes, or rewrite the kit's code):\n" + "\n".join(
+        f"  {leak.file}: {leak.share:.0%} of the {leak.region.kind} of {leak.region.where}" for leak in found)
+
+
+def test_the_leak_check_finds_a_copied_answer_and_ignores_idioms():
+    from helpers.course import sealed
+
+    answer = sealed.Region("hw/part.ipynb cell 1", "solution", tuple(" ".join(line.split()) for line in (
+        "buckets = plan_buckets(parameters, cap_bytes)", "flat = torch.cat([p.grad.flatten() for p in bucket])",
+        "dist.all_reduce(flat, op=dist.ReduceOp.SUM)", "offset = offset + p.numel()", "return x")))
+    copied = "\n".join(["buckets = plan_buckets(parameters, cap_bytes)", "   flat = torch.cat([p.grad.flatten()  for p in bucket])",
+                        "dist.all_reduce(flat, op=dist.ReduceOp.SUM)"])
+    files = {"copy.py": copied, "other.py": "print('hello world, nothing here')"}
+    assert [(leak.file, round(leak.share, 2)) for leak in sealed.leaks([answer], files)] == [("copy.py", 0.75)]
+    idiom = {f"f{i}.py": "offset = offset + p.numel()\nflat = torch.cat([p.grad.flatten() for p in bucket])" for i in range(5)}
+    assert sealed.leaks([answer], {**idiom, "copy.py": "offset = offset + p.numel()"}) == []  # shared by many files: an idiom

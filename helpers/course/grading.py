@@ -25,7 +25,7 @@ from typing import Sequence
 
 from helpers.core.procs import redirect_output, stop_tree
 from helpers.core.report import Report, column
-from helpers.course import assignments, intake
+from helpers.course import assignments, intake, sealed
 from helpers.course.autograde import STATUS_FILE, AutogradeReport, Outcome, read_status, write_status  # noqa: F401 - the grading API
 from helpers.course.autograde import autograde as grade_submissions
 from helpers.course.feedback_filters import HideHiddenTestTracebacks, RemoveHiddenTests  # noqa: F401 - named in nbgrader_config.py
@@ -440,6 +440,9 @@ def import_zip(course: Course, archive: str | Path, assignment_id: str) -> list[
 # ---------------------------------------------------------------- command line
 
 
+NEEDS_SOURCES = ("release", "autograde", "feedback")  # commands that read solutions or hidden tests
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m helpers.course.grading", description=__doc__.splitlines()[0])
     parser.add_argument("--course", default="assignments", help="the nbgrader course folder (default: assignments)")
@@ -463,6 +466,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         course = Course(args.course)
+        if args.command in NEEDS_SOURCES and sealed.locked(course.source):
+            raise GradingError(f"make {args.command} needs the assignments' sources: {sealed.MESSAGE}")
         if args.command == "release":
             release(course, args.assignment)
         elif args.command == "autograde":
