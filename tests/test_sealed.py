@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -48,7 +49,7 @@ def test_a_clone_without_the_key_holds_ciphertext_and_its_sealed_tests_skip_sayi
     assert sources and all(sealed.is_ciphertext(p) for p in sources)
     assert sealed.locked(clone / "assignments" / "source")
     assert not sealed.is_ciphertext(clone / "helpers" / "course" / "sealed.py")
-    done = subprocess.run([str(ROOT / ".venv" / "bin" / "python"), "-m", "pytest", "tests/test_hw1_cheats.py", "tests/test_no_answers_in_kit.py",
+    done = subprocess.run([sys.executable, "-m", "pytest", "tests/test_hw1_cheats.py", "tests/test_no_answers_in_kit.py",
                            "-p", "no:cacheprovider", "-q", "-rs"], cwd=clone, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert "skipped" in done.stdout and sealed.MESSAGE in done.stdout and "tests skipped: instructor material is sealed" in done.stdout

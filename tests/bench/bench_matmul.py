@@ -38,7 +38,7 @@ def timer_agreement(n: int = 1024, rounds: int = 5, min_run_time: float = 0.5) -
     threads = torch.get_num_threads()
     rows = []
     for i in range(rounds):
-        kit = timeit(torch.matmul, a, b, device="cpu", min_run_time=min_run_time).median
+        kit = timeit(torch.matmul, a, b, device="cpu", min_run_time=min_run_time, num_threads=threads).median
         reference = torch_benchmark.Timer("a @ b", globals={"a": a, "b": b}, num_threads=threads).blocked_autorange(min_run_time=min_run_time).median
         rows.append(TimerRound(i + 1, kit, reference, 100 * abs(kit - reference) / reference))
     report = TimerAgreement(rows)
