@@ -76,3 +76,18 @@ def test_a_1f1b_pipeline_on_three_processes():
     assert run.rows[0].same_gradients and run.rows[0].held == 3
     with pytest.raises(ValueError, match="equal micro-batches"):
         pipeline_experiment(gpipe, stages=2, micro_batches=(5,), batch=12)
+
+
+def test_the_bubble_range_core_share_and_time_beyond_op_times_come_from_the_runs():
+    from helpers.distributed.pipeline_parallel import _replayed
+    run = pipeline_experiment(gpipe, stages=2, micro_batches=(1, 2), batch=64, width=128, repeats=3)
+    for r in run.rows:
+        low, high = r.measured_range
+        assert low <= r.measured_bubble <= high  # the run shown is one of the repeats
+        assert 0 < r.core_share <= 1.05 and r.work_per_micro_batch > 0
+        expected, replayed_span, work = _replayed(run.timelines[r.micro_batches], r.micro_batches, gpipe)
+        assert r.expected_bubble == expected and r.work_per_micro_batch == work
+        assert r.wait_per_micro_batch == pytest.approx((r.makespan - replayed_span) / r.micro_batches)
+    ax = run.plot()
+    assert len(ax.collections) == 1  # the measured range, shaded
+    plt.close(ax.figure)

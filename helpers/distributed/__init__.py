@@ -16,7 +16,7 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     ".offload": ["OffloadedAdam", "offload_memory"],
     ".recompute": ["recompute_cost"],
     ".pipeline_parallel": ["bubble_fraction", "pipeline_experiment", "pipeline_schedule"],
-    ".tensor_parallel": ["copy_to_parallel", "gather_from_parallel", "reduce_from_parallel", "scatter_to_parallel",
+    ".tensor_parallel": ["copy_to_parallel", "exchange", "gather_from_parallel", "reduce_from_parallel", "scatter_to_parallel",
                          "tensor_parallel_check"],
     ".zero": ["zero_check", "zero_memory"],
     ".sharding": ["dataset_styles", "sharding_check"],

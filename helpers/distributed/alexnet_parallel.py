@@ -3,12 +3,14 @@
 Each rank holds one tower of ``alexnet_2012(split=True)`` (loaded from the same whole network)
 and the towers swap activations where the paper's GPUs did: before conv3, fc6, fc7 and fc8,
 through ``helpers.distributed.tensor_parallel.exchange`` (an all-gather whose backward sums both towers'
-gradients). Outputs and every weight's gradient are compared with the whole network's.
+gradients). Outputs and every weight's gradient are compared with the whole network's. Lecture 4 writes
+``tower_forward`` in a cell and passes it in; the function here is the same text (tests/test_hardware_lecture_code.py).
 """
 from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -16,7 +18,7 @@ from torch import nn
 
 from helpers.core.device import gpu_notice, pick_device
 from helpers.core.fake import tensor_bytes
-from helpers.core.models import ALEXNET_INPUT, AlexNet2012, AlexNetTower, alexnet_2012
+from helpers.core.models import ALEXNET_INPUT, AlexNet2012, alexnet_2012
 from helpers.core.report import Report, column, format_bytes
 from helpers.core.workers import launch
 from helpers.distributed.tensor_parallel import communication_log, exchange, gather_from_parallel
@@ -31,22 +33,22 @@ def _batch(batch: int, seed: int = 1) -> torch.Tensor:
     return torch.randn(batch, *ALEXNET_INPUT, generator=torch.Generator().manual_seed(seed))
 
 
-def tower_forward(tower: AlexNetTower, x: torch.Tensor) -> torch.Tensor:
+def tower_forward(tower, x):
     """This rank's tower on the whole input; activations exchanged with the other tower where the paper's GPUs talked."""
-    h = tower.upper(exchange(tower.lower(x), 1))
-    h = tower.fc6(exchange(torch.flatten(h, 1), 1))
+    h = tower.upper(exchange(tower.lower(x), 1))  # before conv3: each tower's conv3 sees both towers' conv2 maps
+    h = tower.fc6(exchange(torch.flatten(h, 1), 1))  # before fc6, fc7 and fc8: each fully connected half sees every input
     h = tower.fc7(exchange(h, 1))
     return gather_from_parallel(tower.fc8(exchange(h, 1)), 1)  # both ranks then hold all logits and compute the same loss
 
 
-def _tower_worker(batch: int, num_classes: int) -> dict:
+def _tower_worker(forward: Callable, batch: int, num_classes: int) -> dict:
     rank = dist.get_rank()
     whole = _whole(num_classes)
     tower = alexnet_2012(split=True, num_classes=num_classes).load_from(whole).towers[rank].eval()
     del whole
     x = _batch(batch)
     with communication_log() as log:
-        logits = tower_forward(tower, x)
+        logits = forward(tower, x)
         logits.pow(2).mean().backward()
     return dict(logits=logits.detach(), grads={n: p.grad for n, p in tower.named_parameters()}, tower_bytes=sum(map(tensor_bytes, tower.parameters())),
                 forward=log.describe("forward"), backward=log.describe("backward"),
@@ -86,13 +88,15 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.allclose(a, b, rtol=1e-3, atol=1e-6)
 
 
-def alexnet_model_parallel(batch: int = 2, num_classes: int = 1000, device: str | torch.device | None = None, timeout: float = 180) -> AlexNetParallel:
+def alexnet_model_parallel(forward: Callable = tower_forward, batch: int = 2, num_classes: int = 1000, device: str | torch.device | None = None,
+                           timeout: float = 180) -> AlexNetParallel:
     """Run AlexNet's towers on two gloo processes (and on two GPUs when there are two), checked against the whole network.
 
-    The loss is the mean of the squared logits, the same on both ranks; every tower weight's
-    gradient is compared with the matching slice of the whole network's gradient.
+    ``forward(tower, x)`` runs one rank's tower (the lecture passes its cell's ``tower_forward``). The loss is
+    the mean of the squared logits, the same on both ranks; every tower weight's gradient is compared with the
+    matching slice of the whole network's gradient.
     """
-    per_rank = launch(_tower_worker, 2, args=(batch, num_classes), timeout=timeout, echo=False, threads=1)
+    per_rank = launch(_tower_worker, 2, args=(forward, batch, num_classes), timeout=timeout, echo=False, threads=1)
     whole = _whole(num_classes)
     x = _batch(batch)
     expected = whole(x)

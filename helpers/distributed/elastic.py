@@ -21,7 +21,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import psutil
 import torch
@@ -32,7 +32,8 @@ from helpers.core.paths import build_dir
 from helpers.core.procs import LOOPBACK, free_port, start_process, stop_tree
 from helpers.core.report import Report, column, format_seconds
 from helpers.core.workers import launch, loopback_interface, loopback_store
-from helpers.distributed.elastic_train import DATA, FINAL, train
+from helpers.distributed import elastic_train
+from helpers.distributed.elastic_train import DATA, FINAL
 
 SCRIPT = "helpers.distributed.elastic_train"
 STORE_IS_OURS = "--rdzv-conf=is_host=false"  # torchrun joins the rendezvous store as a client (run_elastic serves it)
@@ -199,20 +200,21 @@ def _fresh_run_dir(run_dir: str | Path, digits: Digits) -> Path:
 
 
 def run_launched(name: str, run_dir: str | Path, digits: Digits, *, steps: int = 40, checkpoint_every: int = 5, nproc: int = 2,
-                 batch_size: int = 32, seed: int = 0, timeout: float = 180.0) -> ElasticRun:
+                 batch_size: int = 32, seed: int = 0, timeout: float = 180.0, train: Callable | None = None) -> ElasticRun:
     """The same training, uninterrupted, on workers from the kit's launcher (``launch``): no torchrun, no restarts.
 
     ``launch`` forks its workers from a process that has already imported torch, where torchrun starts fresh
-    interpreters, so the reference costs less start-up; the training function and the seed are the same.
+    interpreters, so the reference costs less start-up; the seed is the same, and the training function is
+    ``train`` (Lecture 3b passes its cell's), by default the script's own ``elastic_train.train``.
     """
     if len(digits.labels) < batch_size * nproc:
         raise ValueError(f"{len(digits.labels)} digits do not fill one global batch ({batch_size} per rank x {nproc} ranks): use more digits or a smaller batch.")
     run_dir = _fresh_run_dir(run_dir, digits)
     start = time.perf_counter()
-    launch(train, nproc, kwargs=dict(run_dir=str(run_dir), steps=steps, checkpoint_every=checkpoint_every, batch_size=batch_size, seed=seed),
+    launch(train or elastic_train.train, nproc, kwargs=dict(run_dir=str(run_dir), steps=steps, checkpoint_every=checkpoint_every, batch_size=batch_size, seed=seed),
            backend="gloo", timeout=timeout, echo=False)
     return ElasticRun(name, run_dir, 0, time.perf_counter() - start, _read_events(run_dir), "",
-                      ["helpers.core.workers.launch(helpers.distributed.elastic_train.train, " + str(nproc) + ")"])
+                      [f"helpers.core.workers.launch({getattr(train, '__qualname__', 'helpers.distributed.elastic_train.train')}, {nproc})"])
 
 
 # ---------------------------------------------------------------- the demo and its report
@@ -304,11 +306,12 @@ def _attempt_rows(run: ElasticRun) -> list[AttemptRow]:
 
 def elastic_demo(digits: Digits, *, steps: int = 40, checkpoint_every: int = 5, kill_at_step: int = 17, kill_rank: int = 1,
                  max_restarts: int = 1, batch_size: int = 32, seed: int = 0, folder: str | Path | None = None,
-                 reference: str = "launch", timeout: float = 180.0) -> ElasticReport:
+                 reference: str = "launch", timeout: float = 180.0, train: Callable | None = None) -> ElasticReport:
     """The same 2-worker job twice: uninterrupted, then under torchrun with rank ``kill_rank`` killed before ``kill_at_step``.
 
-    ``reference="launch"`` runs the uninterrupted job on the kit's launcher (quick to start); ``"torchrun"``
-    runs it under torchrun as well.
+    ``reference="launch"`` runs the uninterrupted job on the kit's launcher (quick to start), with ``train``
+    (Lecture 3b's cell) where given; ``"torchrun"`` runs it under torchrun as well. torchrun always runs the
+    script's file, ``helpers.distributed.elastic_train``, which a test keeps identical to the lecture's cell.
     """
     if reference not in ("launch", "torchrun"):
         raise ValueError(f"reference={reference!r}: run the uninterrupted job on 'launch' or on 'torchrun'.")
@@ -319,7 +322,7 @@ def elastic_demo(digits: Digits, *, steps: int = 40, checkpoint_every: int = 5, 
     if reference == "torchrun":
         reference_run = run_elastic("uninterrupted", folder / "uninterrupted", digits, max_restarts=max_restarts, **common)
     else:
-        reference_run = run_launched("uninterrupted", folder / "uninterrupted", digits, **common)
+        reference_run = run_launched("uninterrupted", folder / "uninterrupted", digits, train=train, **common)
     interrupted = run_elastic("killed once", folder / "killed-once", digits, kill_at_step=kill_at_step, kill_rank=kill_rank,
                               max_restarts=max_restarts, **common)
     return ElasticReport([reference_run, interrupted], kill_at_step, kill_rank, checkpoint_every, digits.description)

@@ -12,6 +12,10 @@ does. Rank 0 writes the checkpoint atomically (a temporary file, then a rename),
 leaves the previous checkpoint intact. ``--kill-at-step S --kill-rank R`` makes rank R SIGKILL itself before
 step S on the first attempt only: the failure the demo recovers from. Each worker appends its events (start,
 steps, checkpoints, the kill, the end) as JSON lines to ``<run-dir>/events/attempt<A>-rank<R>.jsonl``.
+
+Lecture 3b writes ``tiny_model``, ``batch_indices``, ``save_atomically`` and ``train`` in a cell and runs them there;
+torchrun needs a file, so they are here too, the same text (tests/test_hardware_lecture_code.py keeps the two
+identical: edit the cell, then copy it here). ``main`` is what torchrun calls: it joins the group and calls ``train``.
 """
 from __future__ import annotations
 
@@ -43,19 +47,19 @@ def attempt_number() -> int:
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
 
-def tiny_model(hidden: int = 32) -> nn.Module:
-    """784 -> ``hidden`` -> 10: small enough that the demo's time goes to starting processes, not to training."""
+def tiny_model(hidden=32):
+    """784 -> `hidden` -> 10: small enough that the demo's time goes to starting processes, not to training."""
     return nn.Sequential(nn.Flatten(), nn.Linear(28 * 28, hidden), nn.ReLU(), nn.Linear(hidden, 10))
 
 
-def batch_indices(step: int, batch_size: int, world_size: int, rank: int, samples: int, seed: int) -> torch.Tensor:
-    """The sample indices rank ``rank`` trains on at ``step``: a function of the step alone, so a resumed run replays it."""
+def batch_indices(step, batch_size, world_size, rank, samples, seed):
+    """The sample indices rank `rank` trains on at `step`: a function of the step alone, so a resumed run replays it."""
     global_batch = batch_size * world_size
     per_epoch = samples // global_batch
     if per_epoch == 0:
         raise ValueError(f"{samples} samples do not fill one global batch of {global_batch}: use fewer ranks or a smaller batch.")
     epoch, within = divmod(step, per_epoch)
-    order = torch.randperm(samples, generator=torch.Generator().manual_seed(seed + epoch))
+    order = torch.randperm(samples, generator=torch.Generator().manual_seed(seed + epoch))  # the epoch's order, the same on every rank
     start = within * global_batch + rank * batch_size
     return order[start:start + batch_size]
 
@@ -87,14 +91,14 @@ def join_group(attempt: int, timeout_s: float = 60.0) -> None:
                             timeout=timedelta(seconds=timeout_s))
 
 
-def save_atomically(state: dict, path: Path) -> None:
-    """torch.save to a temporary file next to ``path``, flushed to disk, then renamed over it: never half a file."""
+def save_atomically(state, path):
+    """torch.save to a temporary file next to `path`, flushed to disk, then renamed over it: never half a file."""
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(temporary, "wb") as handle:
         torch.save(state, handle)
         handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
+        os.fsync(handle.fileno())  # on the disk, not only in the page cache, before the rename makes it the checkpoint
+    os.replace(temporary, path)  # one step: whoever opens `path` finds the old file or the new one, whole
 
 
 class EventLog:
@@ -139,13 +143,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def train(run_dir: str | Path, steps: int, checkpoint_every: int = 5, batch_size: int = 32, lr: float = 0.05, seed: int = 0,
-          kill_at_step: int | None = None, kill_rank: int = 1, attempt: int = 0) -> float:
-    """Train in the process group this worker has joined, from the run's checkpoint if there is one; the final loss.
-
-    torchrun's workers call it from ``main``; ``helpers.core.workers.launch`` can run it as it is, on workers
-    that start in a fraction of a second (the demo's uninterrupted reference run).
-    """
+def train(run_dir, steps, checkpoint_every=5, batch_size=32, lr=0.05, seed=0, kill_at_step=None, kill_rank=1, attempt=0):
+    """Train in the process group this worker has joined, from the run's checkpoint if there is one; the final loss."""
     run_dir = Path(run_dir)
     torch.set_num_threads(1)  # one thread: the same arithmetic, in the same order, in every run
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -157,10 +156,10 @@ def train(run_dir: str | Path, steps: int, checkpoint_every: int = 5, batch_size
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     checkpoint_path = run_dir / CHECKPOINT
     start, loaded = 0, None
-    if checkpoint_path.exists():
+    if checkpoint_path.exists():  # a restarted attempt: everything it needs is in the checkpoint
         state = torch.load(checkpoint_path)
         model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
+        optimizer.load_state_dict(state["optimizer"])  # the momentum buffers too
         start = loaded = state["next_step"]
     log.write("start", from_step=start, checkpoint=loaded, world_size=world, pid=os.getpid())
     if rank == 0:
@@ -170,7 +169,7 @@ def train(run_dir: str | Path, steps: int, checkpoint_every: int = 5, batch_size
 
     loss = torch.zeros(())
     for step in range(start, steps):
-        if attempt == 0 and step == kill_at_step and rank == kill_rank:
+        if attempt == 0 and step == kill_at_step and rank == kill_rank:  # the failure, on the first attempt only
             log.write("killed", step=step)
             os.kill(os.getpid(), signal.SIGKILL)
         rows = batch_indices(step, batch_size, world, rank, len(labels), seed)
@@ -182,7 +181,7 @@ def train(run_dir: str | Path, steps: int, checkpoint_every: int = 5, batch_size
         dist.all_reduce(loss)
         loss /= world
         log.write("step", step=step, loss=loss.item())
-        if (step + 1) % checkpoint_every == 0 and rank == 0:
+        if (step + 1) % checkpoint_every == 0 and rank == 0:  # weights, optimizer state and the step to run next
             save_atomically({"next_step": step + 1, "model": model.state_dict(), "optimizer": optimizer.state_dict()}, checkpoint_path)
             log.write("checkpoint", step=step + 1)
     if rank == 0:

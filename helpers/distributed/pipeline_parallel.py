@@ -4,8 +4,9 @@ A schedule is a function ``order(stage, stages, micro_batches)`` returning the s
 ``("F" or "B", micro-batch)``: the lecture writes GPipe's and 1F1B's. ``pipeline_schedule`` plays a schedule
 on an idealised clock and draws it. ``pipeline_experiment`` runs it for real: one stage per
 gloo worker, activations sent forward and their gradients sent back with send/recv, every
-forward and backward timestamped, so each stage's busy and idle time is measured; the
-bubble is set beside (p - 1) / (m + p - 1), and the gradients beside the unsplit model's.
+forward and backward timestamped (and its CPU time taken, to see how much of a core it got), so each
+stage's busy and idle time is measured; the bubble is set beside (p - 1) / (m + p - 1) and beside the
+schedule replayed with the measured op times, and the gradients beside the unsplit model's.
 """
 from __future__ import annotations
 
@@ -18,9 +19,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from helpers.core import plots
+from helpers.core import load, plots
 from helpers.core.report import Report, column, format_bytes, format_seconds
-from helpers.core.workers import default_threads, launch
+from helpers.core.workers import launch
 from helpers.distributed.collectives import count_traffic
 
 Op = tuple[str, int]  # ("F" or "B", micro-batch index)
@@ -109,7 +110,7 @@ def _held(order: Sequence[Op]) -> int:
 
 
 def _gantt(timeline: Sequence[Sequence[tuple]], ax, title: str, unit: str, scale: float = 1.0):
-    lanes = {f"stage {s}": [(start * scale, end * scale, f"{kind}{i}", KIND[kind]) for kind, i, start, end in lane]
+    lanes = {f"stage {s}": [(start * scale, end * scale, f"{kind}{i}", KIND[kind]) for kind, i, start, end, *_ in lane]
              for s, lane in enumerate(timeline)}
     return plots.gantt(lanes, ax, title=title, xlabel=unit)
 
@@ -168,9 +169,10 @@ def pipeline_batch(batch: int, width: int, seed: int = 1) -> tuple[torch.Tensor,
 
 
 def _run_stage(stage: nn.Module, order: Sequence[Op], micro_batches: int, x: torch.Tensor, y: torch.Tensor) -> list[tuple]:
-    """This rank's part of one pipelined forward and backward; returns (kind, micro-batch, start, end) of its compute."""
+    """This rank's part of one pipelined forward and backward; returns (kind, micro-batch, start, end, CPU seconds) of its compute."""
     rank, last = dist.get_rank(), dist.get_rank() == dist.get_world_size() - 1
     xs, ys = x.chunk(micro_batches), y.chunk(micro_batches)
+    cpu_clock = time.thread_time if torch.get_num_threads() == 1 else time.process_time  # one thread: its own CPU time, no helper threads'
     inputs: dict[int, torch.Tensor] = {}
     outputs: dict[int, torch.Tensor] = {}
     sends, events = [], []
@@ -183,10 +185,10 @@ def _run_stage(stage: nn.Module, order: Sequence[Op], micro_batches: int, x: tor
                 inputs[i] = torch.empty_like(xs[i])
                 dist.recv(inputs[i], rank - 1)  # waiting here is idle time
                 inputs[i].requires_grad_()
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), cpu_clock()
             out = stage(inputs[i])
             outputs[i] = nn.functional.mse_loss(out, ys[i]) / micro_batches if last else out  # equal chunks: sum = the batch's mean loss
-            events.append(("F", i, start - t0, time.perf_counter() - t0))
+            events.append(("F", i, start - t0, time.perf_counter() - t0, cpu_clock() - cpu))
             if not last:
                 sends.append(dist.isend(out.detach(), rank + 1))
         else:
@@ -194,9 +196,9 @@ def _run_stage(stage: nn.Module, order: Sequence[Op], micro_batches: int, x: tor
             if not last:
                 grad = torch.empty_like(outputs[i])
                 dist.recv(grad, rank + 1)
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), cpu_clock()
             outputs.pop(i).backward(grad)
-            events.append(("B", i, start - t0, time.perf_counter() - t0))
+            events.append(("B", i, start - t0, time.perf_counter() - t0, cpu_clock() - cpu))
             if rank > 0:
                 sends.append(dist.isend(inputs[i].grad, rank - 1))
     for request in sends:
@@ -218,8 +220,12 @@ def _pipeline_worker(layers_per_stage: int, width: int, batch: int, micro_batch_
             with count_traffic() as traffic:
                 attempts.append(_run_stage(stage, order, m, x, y))
         out[m] = dict(attempts=attempts[1:], bytes_sent=traffic.bytes_sent, held=_held(order),
-                      grads=[p.grad.clone() for p in stage.parameters()])
+                      grads=[p.grad.clone() for p in stage.parameters()], threads=torch.get_num_threads())
     return out
+
+
+def _range(pair: tuple[float, float]) -> str:
+    return f"{pair[0]:.3f}-{pair[1]:.3f}"
 
 
 @dataclass
@@ -229,8 +235,12 @@ class PipelineRow:
     formula_bubble: float = column("bubble (p-1)/(m+p-1)", ".3f")
     expected_bubble: float = column("bubble from op times", ".3f")
     measured_bubble: float = column("bubble measured", ".3f")
+    measured_range: tuple[float, float] = column("measured, over the repeats", _range)
     makespan: float = column("time per batch", format_seconds)
     busy_per_stage: str = column("busy per stage")
+    work_per_micro_batch: float = column("compute per micro-batch", format_seconds)
+    wait_per_micro_batch: float = column("time beyond op times, per micro-batch", format_seconds)
+    core_share: float = column("core share in ops", ".0%")
     held: int = column("activations held on stage 0")
     bytes_per_boundary: int = column("sent per stage boundary", format_bytes)
     same_gradients: bool = column("same gradients as unsplit")
@@ -252,6 +262,9 @@ class PipelineRun(Report):
                                replayed: (ms, [r.expected_bubble for r in self.rows])}, ax, styles={formula: "--", replayed: ":"},
                               title=f"Pipeline bubble, p = {self.stages} stages", xlabel="micro-batches m (log scale)",
                               ylabel="idle share of the stages", logx=True)
+        ax.fill_between(ms, [r.measured_range[0] for r in self.rows], [r.measured_range[1] for r in self.rows], alpha=0.2,
+                        color=ax.lines[0].get_color(), label="measured, range over the repeats")
+        ax.legend()
         ax.set_ylim(bottom=0)
         return ax
 
@@ -262,14 +275,16 @@ class PipelineRun(Report):
                       "time since the start (ms)", scale=1e3)
 
 
-def _expected_bubble(timeline: list[list[tuple]], micro_batches: int, schedule: Schedule) -> float:
-    """The bubble the schedule would have with each stage's median measured forward and backward times and free communication."""
+def _replayed(timeline: list[list[tuple]], micro_batches: int, schedule: Schedule) -> tuple[float, float, float]:
+    """The schedule replayed with each stage's median measured forward and backward and free messages: its bubble, its
+    time per batch, and the slower stage's forward + backward of one micro-batch."""
     def median_of(lane, kind):
         return statistics.median(e[3] - e[2] for e in lane if e[0] == kind)
 
     forward = [median_of(lane, "F") for lane in timeline]
     backward = [median_of(lane, "B") for lane in timeline]
-    return bubble_of(ideal_timeline(schedule, len(timeline), micro_batches, forward, backward))
+    replay = ideal_timeline(schedule, len(timeline), micro_batches, forward, backward)
+    return bubble_of(replay), max(e[3] for lane in replay for e in lane), max(f + b for f, b in zip(forward, backward))
 
 
 def _reference_gradients(stages: int, layers_per_stage: int, width: int, batch: int) -> list[list[torch.Tensor]]:
@@ -280,19 +295,22 @@ def _reference_gradients(stages: int, layers_per_stage: int, width: int, batch: 
     return [[p.grad for p in stage.parameters()] for stage in model]
 
 
-def pipeline_experiment(schedule: Schedule, stages: int = 2, micro_batches: Sequence[int] = (1, 2, 4, 8), batch: int = 512, width: int = 768,
-                        layers_per_stage: int = 2, repeats: int = 3, timeout: float = 120) -> PipelineRun:
+def pipeline_experiment(schedule: Schedule, stages: int = 2, micro_batches: Sequence[int] = (1, 2, 4, 8), batch: int = 1024, width: int = 1024,
+                        layers_per_stage: int = 4, repeats: int = 3, timeout: float = 180) -> PipelineRun:
     """Run an MLP as a ``stages``-stage pipeline on real workers for each number of micro-batches; measure its bubble.
 
-    For each m: ``repeats`` timed runs after a warm-up, the one with the median time reported.
-    Busy time is compute (forward, loss, backward); waiting in recv counts as idle.
+    For each m: ``repeats`` timed runs after a warm-up; the table shows the run with the median time per batch and
+    the range of the measured bubble over all of them. Busy time is compute (forward, loss, backward); waiting in
+    recv counts as idle. The CPU time of each op over its wall time (per thread) is the share of a core it got.
     """
     for m in micro_batches:
         stage_orders(schedule, stages, m)  # checks the schedule before any worker starts
         if batch % m:
             raise ValueError(f"the batch of {batch} does not split into {m} equal micro-batches; use divisors of it")
-    per_rank = launch(_pipeline_worker, stages, args=(layers_per_stage, width, batch, list(micro_batches), schedule, max(repeats, 1)),
-                      timeout=timeout, echo=False)
+    with load.OtherLoad() as other:
+        per_rank = launch(_pipeline_worker, stages, args=(layers_per_stage, width, batch, list(micro_batches), schedule, max(repeats, 1)),
+                          timeout=timeout, echo=False)
+    load.record(other.cores)  # the table then says when other programs shared the CPU
     reference = _reference_gradients(stages, layers_per_stage, width, batch)
     rows, timelines = [], {}
     for m in micro_batches:
@@ -300,16 +318,24 @@ def pipeline_experiment(schedule: Schedule, stages: int = 2, micro_batches: Sequ
         spans = [max(e[3] for lane in t for e in lane) - min(e[2] for lane in t for e in lane) for t in attempts]
         chosen = attempts[spans.index(statistics.median_low(spans))]
         timelines[m] = chosen
+        bubbles = [bubble_of(t) for t in attempts]
+        expected, replayed_span, work = _replayed(chosen, m, schedule)
         same = all(torch.allclose(g, r, rtol=1e-4, atol=1e-6) for s in range(stages) for g, r in zip(per_rank[s][m]["grads"], reference[s]))
         busy = ", ".join(f"{sum(e[3] - e[2] for e in lane) * 1e3:.1f} ms" for lane in chosen)
+        wall = sum(e[3] - e[2] for lane in chosen for e in lane)
+        cpu = sum(e[4] / per_rank[s][m]["threads"] for s, lane in enumerate(chosen) for e in lane)
         both_ways = sum(per_rank[s][m]["bytes_sent"] for s in range(stages)) // max(stages - 1, 1)
-        rows.append(PipelineRow(m, batch // m, bubble_fraction(stages, m), _expected_bubble(chosen, m, schedule), bubble_of(chosen),
-                                statistics.median_low(spans), busy, per_rank[0][m]["held"], both_ways, same))
+        span = statistics.median_low(spans)
+        rows.append(PipelineRow(m, batch // m, bubble_fraction(stages, m), expected, bubble_of(chosen), (min(bubbles), max(bubbles)),
+                                span, busy, work, (span - replayed_span) / m, cpu / wall, per_rank[0][m]["held"], both_ways, same))
+    threads = per_rank[0][micro_batches[0]]["threads"]
     notes = [f"An MLP of {stages * layers_per_stage} linear {width}x{width} layers, {layers_per_stage} per stage, batch {batch}; "
-             f"each stage a process with {default_threads(stages)} CPU thread(s); activations go forward and their gradients back "
+             f"each stage a process with {threads} CPU thread(s); activations go forward and their gradients back "
              "with isend/recv (counted: 'sent per stage boundary', both directions).",
-             "Bubble measured = 1 - (busy time of all stages) / (stages x time per batch); waiting for a message counts as idle. "
-             "'From op times' replays the schedule with each stage's median measured forward and backward times and free "
-             "messages: the formula assumes equal stages, and these are not quite (the first stage computes no gradient for its "
-             "input, the last adds the loss). The rest of the gap is messages and the machine's other work."]
+             f"Bubble measured = 1 - (busy time of all stages) / (stages x time per batch), waiting for a message counting as idle: "
+             f"the run with the median time of {max(repeats, 1)}, and the range over all of them. 'From op times' replays the schedule "
+             "with each stage's median forward and backward and free messages: the formula assumes equal stages, and these "
+             "are not quite (the first stage computes no gradient for its input, the last adds the loss).",
+             "Time beyond op times = (measured time per batch - the replay's) / m: messages, and waiting for a core. "
+             "Core share = CPU time / wall time of the ops, per thread: below 100% when other work took the CPU."]
     return PipelineRun(rows, timelines, stages, schedule, notes)
