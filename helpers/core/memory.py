@@ -629,7 +629,7 @@ class MasterWeightAdam(torch.optim.Optimizer):
     The model holds (possibly fp16/bf16) weights and gets gradients of the same type; the
     update runs on fp32 masters, with fp32 moments, and the result is copied back into the
     model after every step. ``master_device`` keeps masters and moments elsewhere (e.g. the
-    host: see ``helpers.distributed.offload.OffloadedAdam``); by default they sit beside each parameter.
+    host: lecture 4's ``OffloadedAdam`` writes the same idea out in a cell); by default they sit beside each parameter.
     """
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
