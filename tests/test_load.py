@@ -45,7 +45,7 @@ def test_a_busy_program_outside_this_process_counts_and_a_busy_child_does_not(st
 def test_timing_beside_a_busy_program_uses_the_free_cores_and_the_table_says_so(stranger):
     load._sample = None
     assert load.free_threads(os.cpu_count()) <= os.cpu_count() - 1
-    load.take_note()  # nothing left from earlier timings
+    load.take_load_note()  # nothing left from earlier timings
     timeit(lambda: sum(range(2000)), min_run_time=0.3)
     report = Report([])
     assert any(note.startswith(load.NOTE) for note in report.notes), report.notes
@@ -55,6 +55,6 @@ def test_timing_beside_a_busy_program_uses_the_free_cores_and_the_table_says_so(
 def test_a_quiet_timing_leaves_no_note():
     load._seen.clear()
     load.record(0.1)
-    assert load.take_note() is None and load._seen == []
+    assert load.take_load_note() is None and load._seen == []
     load.record(1.2)
-    assert "1.2 of this machine's" in load.take_note()
+    assert "1.2 of this machine's" in load.take_load_note()

@@ -173,7 +173,7 @@ def test_without_a_known_peak_the_best_measured_rate_stands_in():
     workloads = [matmul_workload(32, dtype="fp16"), matmul_workload(64, dtype="fp16")]
     report = measure_roofline(workloads, "cpu", peak=None, bandwidth=1e10, min_run_time=0.01)
     if "fp16" in cpu_native_dtypes():
-        assert report.roofs.peak_source.startswith("ISA bound")
+        assert report.roofs.peak_source.startswith("ISA estimate")
     else:
         assert "stands in" in report.roofs.peak_source
         assert report.peak == max(r.achieved for r in report.rows)

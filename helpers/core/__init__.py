@@ -6,8 +6,10 @@ from helpers.core.lazy import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     ".report": ["Report", "column", "format_bytes", "format_seconds", "startswith"],
-    ".device": ["describe", "gpu_available", "peak_flops", "pick_device", "synchronize"],
+    ".device": ["cpu_clock_ghz", "cpu_flags", "cpu_fp32_flops_per_cycle", "describe", "gpu_available", "peak_flops", "pick_device",
+                "synchronize"],
     ".timing": ["Measurement", "time_interleaved", "time_once", "timeit"],
+    ".load": ["OtherLoad", "take_load_note"],
     ".workers": ["WorkerError", "WorkerTimeout", "available_cores", "launch"],
     ".models": ["BasicFCModel", "LeNet", "alexnet_2012", "count_parameters", "transformer_lm"],
     ".data": ["load_digits", "make_MNIST_loader", "make_encoded_MNIST"],

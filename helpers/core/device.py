@@ -217,7 +217,7 @@ def fast_dtypes(device: str | torch.device) -> list[str]:
 
 
 def peak_flops(device: str | torch.device, dtype: str = "fp32") -> float | None:
-    """Peak FLOP/s of ``device`` for ``dtype`` (datasheet for GPUs, ISA bound for CPUs), or None."""
+    """Peak FLOP/s of ``device`` for ``dtype`` (datasheet for GPUs, an ISA estimate for CPUs), or None."""
     if is_gpu(device):
         spec = gpu_spec(device)
         tflops = spec.tflops.get(dtype) if spec else None
@@ -265,8 +265,8 @@ class Hardware(Report):
             Fact("CPU cores (physical / logical)", f"{self.physical_cores} / {self.logical_cores}"),
             Fact("torch CPU threads", str(self.torch_threads)),
             Fact("RAM", format_bytes(self.ram_bytes)),
-            Fact("CPU fp32 peak (ISA bound)", _tflops(self.cpu_peak_flops["fp32"])),
-            Fact("CPU bf16 peak (ISA bound)", _tflops(self.cpu_peak_flops["bf16"])),
+            Fact("CPU fp32 peak (ISA estimate at the reported clock)", _tflops(self.cpu_peak_flops["fp32"])),
+            Fact("CPU bf16 peak (ISA estimate at the reported clock)", _tflops(self.cpu_peak_flops["bf16"])),
             Fact("GPU", self.gpu_name or "none"),
         ]
         if props:

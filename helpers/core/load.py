@@ -54,7 +54,7 @@ def record(cores: float) -> None:
     _seen.append(cores)
 
 
-def take_note() -> str | None:
+def take_load_note() -> str | None:
     """The sentence a table built from the timings since the last one carries, when other programs shared the CPU."""
     seen = max(_seen, default=0.0)
     _seen.clear()

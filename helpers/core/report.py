@@ -174,7 +174,7 @@ class Report:
 
     def __init__(self, rows: Sequence[Any], notes: Sequence[str] = (), notice: str | None = None):
         self.rows = list(rows)
-        self.notes = list(notes) + list(filter(None, [load.take_note()]))  # timings since the last table ran beside other work
+        self.notes = list(notes) + list(filter(None, [load.take_load_note()]))  # timings since the last table ran beside other work
         self.notice = notice  # a GPU-only demo's one-line "ran on the CPU" notice (helpers.core.device.gpu_notice), or None
         types = {type(r) for r in self.rows}
         if len(types) > 1 or not all(dataclasses.is_dataclass(t) for t in types):

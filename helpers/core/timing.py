@@ -47,7 +47,7 @@ def timeit(
     asynchronous GPU work is counted. ``num_threads`` defaults to torch's current
     CPU thread count (all cores), not to torch.utils.benchmark's default of 1, less the
     cores other programs keep busy (``load.free_threads``); how busy they kept the machine
-    is recorded, and the next table built says so (``load.take_note``).
+    is recorded, and the next table built says so (``load.take_load_note``).
     """
     device = torch.device(device) if device is not None else None
     fn(*args, **kwargs)  # warm-up: allocation, kernel selection, lazy initialisation

@@ -5,7 +5,7 @@ Public face of ``helpers.hardware``; names load on first use.
 from helpers.core.lazy import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
-    ".matmuls": ["MatmulSweep", "matmul_gflops", "matmul_sweep", "tensor_core_shapes", "time_matmul"],
+    ".matmuls": ["MatmulSweep", "matmul_gflops", "matmul_point", "matmul_sweep", "tensor_core_shapes", "time_matmul"],
     ".mistakes": ["benchmark_mistakes"],
     ".allocator": ["caching_allocator_demo"],
     ".transfers": ["copy_compute_overlap", "transfer_sweep"],
@@ -23,5 +23,5 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     ".sparsity": ["sparse_matmul"],
     ".workingset": ["estimate_training_for", "memory_levels"],
     ".hierarchy": ["memory_spaces"],
-    ".kernels": ["gpu_kernel_timings", "kernel_matmul", "launch_plan", "matmul_kernels", "triton_check", "triton_for"],
+    ".kernels": ["NOTICEABLE", "gpu_kernel_timings", "kernel_matmul", "launch_plan", "matmul_kernels", "triton_check", "triton_for"],
 })

@@ -43,6 +43,9 @@ class ConvAutotune(Report):
         off, on = self.rows
         speedups = (self.forward_speedup, self.forward_backward_speedup)
         figures = f"forward {speedups[0]:.2f}x, forward + backward {speedups[1]:.2f}x"
+        if max(speedups) >= 1 + SAME_SPEED and min(speedups) <= 1 - SAME_SPEED:
+            faster, slower = ("forward + backward", "forward") if speedups[1] > speedups[0] else ("forward", "forward + backward")
+            return f"{on.setting} ran {faster} faster than {off.setting} and {slower} slower: {figures}."
         if max(speedups) >= 1 + SAME_SPEED:
             return f"{on.setting} ran faster than {off.setting}: {figures}."
         if min(speedups) > 1 - SAME_SPEED:

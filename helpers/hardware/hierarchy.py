@@ -4,7 +4,8 @@ On a GPU: registers and shared memory (per streaming multiprocessor, SM), the L2
 cache and HBM (the whole chip), sizes from the driver, bandwidths measured with
 copies (and HBM's datasheet figure). On a CPU: vector registers (per core), the
 caches and RAM, sizes from the OS (``workingset.memory_levels``), bandwidths measured
-by summing a buffer that fits in each level, over and over, in compiled code.
+by summing a buffer that fits in each level, over and over, in compiled code; the
+fastest of three readings is the level's figure, the slowest says how steady it was.
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ class MemorySpace:
     measured_gbs: float | None = column("read GB/s (measured)", ",.0f")
     datasheet_gbs: float | None = column("GB/s (datasheet)", ",.0f")
     how: str = column("how the bandwidth was measured")
+    slowest_gbs: float | None = column("slowest reading, GB/s", ",.0f", optional=True, default=None)
 
 
 class MemorySpaces(Report):
@@ -55,19 +57,34 @@ def simd_register_file() -> tuple[int, int] | None:
     return None
 
 
-def cpu_read_gbs(nbytes: int) -> float:
-    """Read bandwidth in GB/s while summing a float32 buffer of ``nbytes`` over and over (best of 3)."""
+def cpu_read_rates(nbytes: int, readings: int = 3) -> list[float]:
+    """Read bandwidths in GB/s, one per reading, while summing a float32 buffer of ``nbytes`` over and over."""
     from helpers.hardware.cpu_kernels import read_sum
 
     buffer = np.ones(max(nbytes // 4, 1024), dtype=np.float32)
     repeats = max(1, BYTES_READ_PER_PROBE // buffer.nbytes)
     read_sum(buffer, 1)  # compile (or load from the cache) and warm the level up
-    best = float("inf")
-    for _ in range(3):
+    rates = []
+    for _ in range(readings):
         start = time.perf_counter()
         read_sum(buffer, repeats)
-        best = min(best, time.perf_counter() - start)
-    return buffer.nbytes * repeats / best / 1e9
+        rates.append(buffer.nbytes * repeats / (time.perf_counter() - start) / 1e9)
+    return rates
+
+
+def cpu_read_gbs(nbytes: int) -> float:
+    """Read bandwidth in GB/s while summing a float32 buffer of ``nbytes`` over and over (best of 3)."""
+    return max(cpu_read_rates(nbytes))
+
+
+def probe_bytes(level_bytes: int, above_bytes: int | None = None) -> int:
+    """The buffer that measures a cache: half of it; for the last, shared cache (``above_bytes``: the size of the level
+    above it), at most 4x that level, which is past it all the same.
+
+    The last cache is shared by every core of the chip (on a cloud machine, by other machines' cores too): half of
+    a large one is more than one core keeps there, and reading it measures RAM.
+    """
+    return level_bytes // 2 if above_bytes is None else min(level_bytes // 2, 4 * above_bytes)
 
 
 COPIES_PER_LAUNCH = 20
@@ -97,12 +114,17 @@ def _cpu_spaces(measure: bool) -> tuple[list[MemorySpace], list[str]]:
         rows.append(MemorySpace("SIMD registers", f"per core ({count} x {width * 8}-bit)", count * width, None, None, "not measured: read every cycle"))
     levels = memory_levels(torch.device("cpu"))
     caches, ram = levels[:-1], levels[-1]
-    for level in caches:
-        gbs = cpu_read_gbs(level.bytes // 2) if measure else None
-        rows.append(MemorySpace(f"{level.name} cache", "cache of core 0", level.bytes, gbs, None, f"sum a {format_bytes(level.bytes // 2)} buffer (half of it), one core"))
+    for i, level in enumerate(caches):
+        shared_with = caches[i - 1].bytes if i and i == len(caches) - 1 else None  # the last cache, below another one
+        nbytes = probe_bytes(level.bytes, shared_with)
+        rates = cpu_read_rates(nbytes) if measure else []
+        share = "half of it" if nbytes == level.bytes // 2 else f"4x {caches[i - 1].name}: the cache is shared by the chip's cores"
+        rows.append(MemorySpace(f"{level.name} cache", "cache of core 0", level.bytes, max(rates, default=None), None,
+                                f"sum a {format_bytes(nbytes)} buffer ({share}), one core", min(rates, default=None)))
     far = min(max(4 * (caches[-1].bytes if caches else 0), 64 * 2**20), ram.bytes // 8)
-    gbs = cpu_read_gbs(far) if measure else None
-    rows.append(MemorySpace(ram.name, "whole machine", ram.bytes, gbs, None, f"sum a {format_bytes(far)} buffer, one core"))
+    rates = cpu_read_rates(far) if measure else []
+    rows.append(MemorySpace(ram.name, "whole machine", ram.bytes, max(rates, default=None), None, f"sum a {format_bytes(far)} buffer, one core",
+                            min(rates, default=None)))
     cores = psutil.cpu_count(logical=False)
     notes = [
         f"This CPU: {cores} physical cores, {psutil.cpu_count(logical=True)} hardware threads; "

@@ -402,32 +402,17 @@ def matmul_kernels(sizes: Sequence[int], device: str | torch.device | None = Non
         notes.append("Every kernel and the library ran on ONE core (torch limited to 1 thread), so the comparison is per core; "
                      "the blocked kernel walks B in panels of rows filling half of L2.")
         notes += _naive_extrapolation(points, naive_up_to, max(sizes))
-        notes += _busy_machine_note()
     return KernelTimings(points, device, library, threads, notes, naive_up_to)
 
 
-def _busy_machine_note() -> list[str]:
-    """A warning when other programs competed for the cores during the timing (Unix load average above the core count)."""
-    try:
-        load = os.getloadavg()[0]
-    except (AttributeError, OSError):  # not on Windows
-        return []
-    cores = os.cpu_count() or 1
-    if load <= cores:
-        return []
-    return [f"The machine was busy (1-minute load average {load:.1f} on {cores} cores after the timing): other programs shared the core, "
-            "so times vary from run to run and a re-run may reorder results that are close."]
-
-
 def _naive_extrapolation(points: Sequence[KernelPoint], naive_up_to: int | None, largest: int) -> list[str]:
-    """A sentence on how long the naive kernel would have taken at the largest size, at its last measured rate."""
+    """Why the naive kernel has no row at the largest sizes (its rate there is not extrapolated: B outgrows the caches)."""
     naive = [p for p in points if p.kernel.endswith("naive")]
     if naive_up_to is None or largest <= naive_up_to or not naive:
         return []
     last = max(naive, key=lambda p: p.n)
-    estimate = 2 * last.m * largest**2 / (last.gflops * 1e9)
-    return [f"The naive kernel ran only up to n={naive_up_to:,}: at its rate at n={last.n:,} ({last.gflops:.2f} GFLOP/s), "
-            f"n={largest:,} would take {format_seconds(estimate)} if that rate held (not run; B would no longer fit in the same cache)."]
+    return [f"The naive kernel ran only up to n={naive_up_to:,} (too slow beyond); its {last.gflops:.2f} GFLOP/s at n={last.n:,} "
+            f"says nothing about n={largest:,}, where B no longer fits in the same cache (not run)."]
 
 
 def gpu_kernel_timings(sizes: Sequence[int], device: str | torch.device | None = None, **options) -> KernelTimings:

@@ -10,7 +10,7 @@ import torch
 from helpers.core import plots
 from helpers.core.device import DTYPES, fast_dtypes, gpu_available, gpu_notice, is_gpu, peak_flops, pick_device
 from helpers.core.report import Report, column, format_seconds
-from helpers.core.timing import timeit
+from helpers.core.timing import time_interleaved, timeit
 
 
 @contextlib.contextmanager
@@ -45,6 +45,16 @@ class MatmulPoint:
     gflops: float = column("GFLOP/s", ",.1f")
     peak_gflops: float | None = column("peak GFLOP/s", ",.0f")
     pct_of_peak: float | None = column("% of peak", ".1f")
+    fastest: float | None = None  # seconds of the fastest block, where the point was timed in blocks (``seconds`` is their median)
+
+
+def matmul_point(n: int, device: str | torch.device, dtype: str, seconds: float, fastest: float | None = None) -> MatmulPoint:
+    """The row of an n x n matmul in ``dtype`` on ``device`` that took ``seconds``: GFLOP/s and % of the peak derived from it."""
+    device = torch.device(device)
+    achieved = matmul_gflops(n, seconds)
+    peak = peak_flops(device, dtype)
+    peak_g = peak / 1e9 if peak else None
+    return MatmulPoint(device.type, dtype, n, seconds, achieved, peak_g, 100 * achieved / peak_g if peak_g else None, fastest)
 
 
 def time_matmul(n: int, device: str | torch.device | None = None, dtype: str = "fp32", min_run_time: float = 0.1) -> MatmulPoint:
@@ -53,11 +63,22 @@ def time_matmul(n: int, device: str | torch.device | None = None, dtype: str = "
     a = torch.randn(n, n, device=device).to(DTYPES[dtype])
     b = torch.randn(n, n, device=device).to(DTYPES[dtype])
     with matmul_precision(dtype):
-        seconds = timeit(torch.matmul, a, b, device=device, min_run_time=min_run_time).median
-    achieved = matmul_gflops(n, seconds)
-    peak = peak_flops(device, dtype)
-    peak_g = peak / 1e9 if peak else None
-    return MatmulPoint(device.type, dtype, n, seconds, achieved, peak_g, 100 * achieved / peak_g if peak_g else None)
+        measured = timeit(torch.matmul, a, b, device=device, min_run_time=min_run_time)
+    return matmul_point(n, device, dtype, measured.median, min(measured.times))
+
+
+def _square_product(n: int, device: torch.device, dtype: str):
+    """A call that multiplies two n x n matrices of ``dtype``, made once on ``device``; on a GPU, fp32 and TF32 set their own mode."""
+    a = torch.randn(n, n, device=device).to(DTYPES[dtype])
+    b = torch.randn(n, n, device=device).to(DTYPES[dtype])
+    if not (is_gpu(device) and dtype in ("fp32", "tf32")):
+        return lambda: torch.matmul(a, b)
+    mode = "tf32" if dtype == "tf32" else "ieee"
+
+    def product():
+        torch.backends.cuda.matmul.fp32_precision = mode  # the formats take turns: each call sets its own
+        return torch.matmul(a, b)
+    return product
 
 
 DEFAULT_SIZES = {"cpu": (64, 128, 256, 512, 1024, 2048), "cuda": (256, 512, 1024, 2048, 4096, 8192)}
@@ -68,6 +89,10 @@ class MatmulSweep(Report):
     """Achieved matmul throughput by device, dtype and size."""
 
     title = "Matrix multiplication: achieved throughput"
+
+    def point(self, device: str, dtype: str, n: int) -> MatmulPoint | None:
+        """The row of ``dtype`` at size n on ``device`` ('cpu', 'cuda'), or None where the sweep did not time it."""
+        return next((p for p in self.rows if (p.device, p.dtype, p.n) == (device, dtype, n)), None)
 
     def curves(self) -> dict[str, list[MatmulPoint]]:
         """Points grouped into one curve per 'device dtype'."""
@@ -93,20 +118,30 @@ def matmul_sweep(
     devices: Sequence[str] | None = None,
     dtypes: Sequence[str] | None = None,
     min_run_time: float = 0.1,
+    rounds: int = 3,
 ) -> MatmulSweep:
     """Time n x n matmuls for every size x device x dtype.
 
     Defaults: the CPU, plus the GPU when there is one; each device's natively
     supported dtypes (fp32, tf32, fp16, bf16 on a recent GPU; fp32 and bf16 on a
-    CPU with bf16 instructions); sizes suited to each device.
+    CPU with bf16 instructions); sizes suited to each device. At each size the
+    dtypes take turns over ``rounds`` rounds of ``helpers.timeit`` runs, so a burst of
+    other work on the machine falls on all of them alike; a point's time is the
+    median block, and its ``fastest`` the fastest. Rows come dtype by dtype.
     """
     devices = list(devices) if devices else ["cpu"] + (["cuda"] if gpu_available() else [])
     rows = []
-    for device in devices:
-        device = str(pick_device(device))
-        for dtype in dtypes or fast_dtypes(device):
-            for n in sizes or DEFAULT_SIZES[torch.device(device).type]:
-                rows.append(time_matmul(n, device, dtype, min_run_time))
+    with temporarily(torch.backends.cuda.matmul, "fp32_precision", torch.backends.cuda.matmul.fp32_precision):
+        for device in devices:
+            device = pick_device(device)
+            formats = list(dtypes or fast_dtypes(device))
+            by_format: dict[str, list[MatmulPoint]] = {dtype: [] for dtype in formats}
+            for n in sizes or DEFAULT_SIZES[device.type]:
+                turns = time_interleaved({dtype: _square_product(n, device, dtype) for dtype in formats}, device, rounds,
+                                         min_run_time=min_run_time)
+                for dtype in formats:
+                    by_format[dtype].append(matmul_point(n, device, dtype, turns[dtype].median, turns[dtype].fastest))
+            rows += [p for dtype in formats for p in by_format[dtype]]
     return MatmulSweep(rows)
 
 

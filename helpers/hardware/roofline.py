@@ -267,7 +267,7 @@ class Roofs:
 
 def device_roofs(device: str | torch.device | None = None, dtype: str = "fp32", peak: float | None = None,
                  bandwidth: float | None = None) -> Roofs:
-    """Peak FLOP/s and bandwidth of ``device``: given ones first, else what the kit knows (datasheet, ISA bound), else None."""
+    """Peak FLOP/s and bandwidth of ``device``: given ones first, else what the kit knows (datasheet, ISA estimate), else None."""
     device = pick_device(device)
     _element_size(dtype)
     where = f"GPU datasheet ({gpu_spec(device).name})" if is_gpu(device) and gpu_spec(device) else "datasheet"
@@ -276,7 +276,7 @@ def device_roofs(device: str | torch.device | None = None, dtype: str = "fp32", 
         peak_source = "given"
     else:
         peak = peak_flops(device, dtype)
-        peak_source = where if is_gpu(device) else f"ISA bound: cores x clock x FLOP/cycle of {cpu_model()}"
+        peak_source = where if is_gpu(device) else f"ISA estimate: cores x reported clock x FLOP/cycle of {cpu_model()}"
         if peak is None:
             peak_source = f"the kit knows no {dtype} peak for this device"
     if bandwidth is not None:
