@@ -1,4 +1,4 @@
-"""Code written once: where a hardware lecture's cell and a helpers module hold the same definition, they are identical.
+"""Code written once: where a lecture's cell and a helpers module hold the same definition, they are identical.
 
 The lecture's cell is the source (it is what the lecture teaches and runs); the module is the same code for the
 benchmarks and the tests. Editing one without the other fails here.
@@ -12,13 +12,20 @@ import nbformat
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-LECTURES = ROOT / "lectures" / "01-gpu-architecture"
+LECTURES = ROOT / "lectures"
 
-SHARED = [  # (notebook, module file, names defined in both)
-    ("03-gpu-programming-model.ipynb", "helpers/hardware/triton_kernels.py",
+SHARED = [  # (notebook under lectures/, module file, names defined in both)
+    ("01-gpu-architecture/03-gpu-programming-model.ipynb", "helpers/hardware/triton_kernels.py",
      ["naive_matmul_kernel", "naive_matmul", "tiled_matmul_kernel", "tiled_matmul"]),
-    ("03-gpu-programming-model.ipynb", "helpers/hardware/cpu_kernels.py", ["naive_ijk", "reordered_ikj", "blocked_ikj"]),
-    ("02-hardware-ecosystem.ipynb", "helpers/core/models.py", ["LeNet", "BasicFCModel"]),
+    ("01-gpu-architecture/03-gpu-programming-model.ipynb", "helpers/hardware/cpu_kernels.py", ["naive_ijk", "reordered_ikj", "blocked_ikj"]),
+    ("01-gpu-architecture/02-hardware-ecosystem.ipynb", "helpers/core/models.py", ["LeNet", "BasicFCModel"]),
+    ("04-memory-efficient-training/04-memory-efficient-training.ipynb", "helpers/distributed/offload.py", ["OffloadedAdam"]),
+    ("04-memory-efficient-training/04-memory-efficient-training.ipynb", "helpers/distributed/alexnet_parallel.py", ["tower_forward"]),
+    # torchrun starts its workers from the module's file: the cell is what the notebook runs, the file what torchrun runs
+    ("03-data-parallel/03b-data-loading-and-elastic-training.ipynb", "helpers/distributed/elastic_train.py",
+     ["tiny_model", "batch_indices", "save_atomically", "train"]),
+    # the servers lecture 7 starts run the module's copy (a process of their own)
+    ("07-deploying-software/07-formats-runtimes-batching.ipynb", "helpers/serving/batching.py", ["Pending", "DynamicBatcher"]),
 ]
 
 
@@ -43,7 +50,7 @@ def notebook_definitions(path: Path) -> dict[str, str]:
     return found
 
 
-@pytest.mark.parametrize(("notebook", "module", "names"), SHARED, ids=[f"{n}:{Path(m).stem}" for n, m, _ in SHARED])
+@pytest.mark.parametrize(("notebook", "module", "names"), SHARED, ids=[f"{Path(n).stem}:{Path(m).stem}" for n, m, _ in SHARED])
 def test_cells_and_module_hold_the_same_code(notebook, module, names):
     cells = notebook_definitions(LECTURES / notebook)
     code = definitions((ROOT / module).read_text())
@@ -57,3 +64,4 @@ def test_a_changed_cell_is_caught():
     cell = "@jit\ndef f(x):\n    return x + 1\n"
     assert definitions(cell)["f"] != definitions(cell.replace("+ 1", "+ 2"))["f"]
     assert definitions(cell)["f"].startswith("@jit")
+

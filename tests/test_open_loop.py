@@ -103,3 +103,53 @@ def test_a_stall_counts_against_the_requests_due_during_it():
     # each took ~0 s once sent, but was sent late: its latency is at least its wait
     assert all(r.latency >= 0.3 - (r.scheduled - row.records[0].scheduled) - 0.02 for r in due_in_stall)
     assert row.send_lag > 0.1
+
+
+def test_without_a_request_cap_time_alone_ends_each_rate():
+    async def send(i):
+        return None
+
+    report = open_loop_test(send, rate=[100.0, 400.0], max_requests=None, max_seconds=0.5, seed=4)
+    slow, fast = report.rows
+    for row, rate in ((slow, 100.0), (fast, 400.0)):
+        due = [r.scheduled - row.records[0].scheduled for r in row.records]
+        assert max(due) < 0.5 and abs(row.requests - 0.5 * rate) < 5 * (0.5 * rate) ** 0.5  # Poisson: mean rate x seconds
+    assert fast.requests > 2 * slow.requests  # the faster rate sent more, in the same time
+    assert "0.5 s of sending per rate" in str(report)
+
+
+@pytest.fixture(scope="module")
+def counting_server():
+    """A server that answers after 10 ms and remembers the most requests it held at once."""
+    app = FastAPI()
+    held = {"now": 0, "most": 0}
+
+    @app.post("/work")
+    async def work(body: dict):
+        held["now"] += 1
+        held["most"] = max(held["most"], held["now"])
+        await asyncio.sleep(0.01)
+        held["now"] -= 1
+        return {"ok": True}
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host=LOOPBACK, port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    for _ in range(200):
+        if server.started:
+            break
+        time.sleep(0.05)
+    yield f"http://{LOOPBACK}:{port}/work", held
+    server.should_exit = True
+    thread.join(10)
+
+
+def test_the_sender_keeps_to_its_connections_and_the_rest_wait_their_turn(counting_server):
+    url, held = counting_server
+    row = open_loop_test(HttpSender(url, [{"x": 1}], max_connections=2), rate=1000.0, max_requests=60, max_seconds=1.0).rows[0]
+    assert row.errors == 0 and row.requests == 60
+    assert held["most"] <= 2  # never more than two requests at the server at once
+    assert row.p99 > 0.1  # sixty requests due within ~60 ms, two at a time at 10 ms each: the last ones waited ~0.3 s
+    with pytest.raises(ValueError, match="max_connections"):
+        HttpSender(url, [{"x": 1}], max_connections=0)

@@ -17,6 +17,7 @@ import torch
 
 from helpers.core.procs import ServedProcess, free_port
 from helpers.serving import (
+    batching_tradeoff,
     check_dockerfile,
     compare_servers,
     grpc_predict,
@@ -119,6 +120,25 @@ def test_a_bounded_load_at_concurrency_16_has_no_errors(service, holdout):
     assert at16.requests == 200 and at16.errors == 0
     assert at16.p50 <= at16.p95 <= at16.p99 and at16.throughput > 0
     assert "16" in str(report)
+
+
+def test_repeated_levels_take_turns_and_keep_every_run(service, holdout):
+    payloads = [{"inputs": holdout[0][i:i + 1].tolist()} for i in range(20)]
+    report = load_test(service.url + "/predict", payloads, concurrency=[1, 4], max_requests=15, max_seconds=20, repeats=3)
+    for row in report.rows:
+        assert row.requests == 45 and row.errors == 0 and len(row.runs) == 3 and len(row.latencies) == 45
+        assert row.slowest <= row.throughput <= row.fastest and row.throughput in row.runs  # the median of three runs
+    assert "requests/s, each run" in str(report) and "3 rounds" in str(report)
+    once = load_test(service.url + "/predict", payloads, concurrency=1, max_requests=5).rows[0]
+    assert once.runs is None and once.slowest == once.fastest == once.throughput
+    assert "each run" not in str(load_test(service.url + "/predict", payloads, concurrency=1, max_requests=5))
+
+
+def test_taking_turns_starts_each_round_one_later():
+    from helpers.serving.load import taking_turns
+
+    assert [taking_turns("abc", r) for r in range(4)] == [list("abc"), list("bca"), list("cab"), list("abc")]
+    assert taking_turns([], 2) == []
 
 
 def test_load_test_refuses_unbounded_or_empty_loads():
@@ -258,6 +278,21 @@ def test_compare_servers_loads_what_its_start_callable_gives_and_counts_what_was
     (row,) = report.rows
     assert started == [(1, 1)] and row.setup == "1 process x 1 thread"
     assert row.errors == 0 and row.answered == 2 + 10 and row.throughput > 0  # 2 warm-up requests, then the 10 measured
+    started.clear()
+    report = compare_servers([{"inputs": [[0.0]]}], setups=[(1, 1), (2, 1)], concurrency=2, max_requests=10, start=start, repeats=3)
+    assert started == [(1, 1), (2, 1)]  # each setup started once, then loaded three times in turns
+    for row in report.rows:
+        assert row.errors == 0 and row.answered == 2 + 3 * 10 and len(row.runs) == 3
+        assert row.slowest <= row.throughput <= row.fastest
+
+
+def test_batching_tradeoff_loads_every_server_in_turns_and_reads_its_batches(holdout):
+    payloads = [{"inputs": holdout[0][i:i + 1].tolist()} for i in range(30)]
+    report = batching_tradeoff(payloads, settings=[(8, 20.0)], concurrency=8, max_requests=40, repeats=3)
+    plain, batched = report.rows
+    assert plain.setting.startswith("plain") and batched.setting == "batch <= 8, wait <= 20 ms"
+    assert all(r.errors == 0 and len(r.runs) == 3 and r.slowest <= r.throughput <= r.fastest for r in report.rows)
+    assert plain.mean_batch == 1.0 and 1.0 < batched.mean_batch <= 8  # eight clients and a 20 ms window: requests share calls
 
 
 @pytest.fixture(scope="module")

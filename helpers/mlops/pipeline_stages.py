@@ -22,6 +22,7 @@ def train() -> None:
     data = torch.load("data/digits.pt")
     cut = int(0.8 * len(data["labels"]))
     pixels, labels = data["pixels"][:cut], data["labels"][:cut]
+    torch.set_num_threads(1)  # a small MLP: a second thread saves little, and stalls whenever another program holds its core
     torch.manual_seed(settings.get("seed", 0))
     model = ServedMLP(settings["hidden"])
     optimizer = torch.optim.Adam(model.parameters(), lr=settings.get("lr", 1e-3))

@@ -19,21 +19,37 @@ from prometheus_client.parser import text_string_to_metric_families
 from helpers.core.report import Report, column, format_seconds
 
 
+def each_run(rates: list[float] | None) -> str:
+    """Requests/s of each repeat, in the order they ran: '612, 655, 640'."""
+    return "" if rates is None else ", ".join(f"{r:.0f}" for r in rates)
+
+
 @dataclass
 class LoadLevel:
-    """What one concurrency level achieved."""
+    """What one concurrency level achieved (over every repeat: throughput is the median repeat's, latencies pooled)."""
 
     concurrency: int = column("concurrency")
     requests: int = column("requests", ",")
     errors: int = column("errors", ",")
     throughput: float = column("requests/s", ".1f")
-    inputs_per_s: float = column("inputs/s", ",.0f")
-    p50: float = column("p50", format_seconds)
-    p95: float = column("p95", format_seconds)
-    p99: float = column("p99", format_seconds)
-    seconds: float = column("wall time", ".2f")
+    runs: list[float] | None = column("requests/s, each run", each_run, optional=True)  # None when the level ran once
+    inputs_per_s: float = column("inputs/s", ",.0f", default=0.0)
+    p50: float = column("p50", format_seconds, default=float("nan"))
+    p95: float = column("p95", format_seconds, default=float("nan"))
+    p99: float = column("p99", format_seconds, default=float("nan"))
+    seconds: float = column("wall time", ".2f", default=0.0)
     latencies: list[float] | None = None
     first_error: str = ""
+
+    @property
+    def slowest(self) -> float:
+        """The lowest requests/s of its repeats (its only one when it ran once)."""
+        return min(self.runs or [self.throughput])
+
+    @property
+    def fastest(self) -> float:
+        """The highest requests/s of its repeats."""
+        return max(self.runs or [self.throughput])
 
 
 class LoadReport(Report):
@@ -85,8 +101,22 @@ async def _run_level(url: str, payloads: Sequence[dict], concurrency: int, max_r
     done = np.array(latencies) if latencies else np.array([float("nan")])
     p50, p95, p99 = np.percentile(done, [50, 95, 99])
     per_request = len(payloads[0].get("inputs", [None])) if payloads else 1
-    return LoadLevel(concurrency, len(latencies), len(errors), len(latencies) / wall, len(latencies) * per_request / wall,
+    return LoadLevel(concurrency, len(latencies), len(errors), len(latencies) / wall, None, len(latencies) * per_request / wall,
                      float(p50), float(p95), float(p99), wall, latencies, errors[0] if errors else "")
+
+
+def pooled(runs: list[LoadLevel]) -> LoadLevel:
+    """One level's repeats as one row: counts added, the median repeat's rates, percentiles over every request."""
+    if len(runs) == 1:
+        return runs[0]
+    latencies = [t for r in runs for t in r.latencies or []]
+    p50, p95, p99 = np.percentile(latencies or [float("nan")], [50, 95, 99])
+    rates = [r.throughput for r in runs]
+    median = float(np.median(rates))
+    errors = [r.first_error for r in runs if r.first_error]
+    return LoadLevel(runs[0].concurrency, sum(r.requests for r in runs), sum(r.errors for r in runs), median, rates,
+                     float(np.median([r.inputs_per_s for r in runs])), float(p50), float(p95), float(p99),
+                     sum(r.seconds for r in runs), latencies, errors[0] if errors else "")
 
 
 def _run(coroutine):
@@ -102,21 +132,36 @@ def _run(coroutine):
 
 
 def load_test(url: str, payloads: Sequence[dict], concurrency: int | Sequence[int] = 8, max_requests: int = 500,
-              max_seconds: float = 10.0, timeout: float = 30.0) -> LoadReport:
+              max_seconds: float = 10.0, timeout: float = 30.0, repeats: int = 1) -> LoadReport:
     """POST ``payloads`` (cycled) to ``url`` from ``concurrency`` clients, at most ``max_requests`` and ``max_seconds`` per level.
 
-    ``concurrency`` may be a list of levels, run one after another (a concurrency sweep).
+    ``concurrency`` may be a list of levels (a concurrency sweep). With ``repeats`` > 1 the levels run in that many
+    rounds, taking turns (each round starts one level later), so that other work on the machine hits every level
+    alike; a row then holds every repeat's requests/s (``runs``), their median, and percentiles over all its requests.
     """
     levels = [concurrency] if isinstance(concurrency, int) else list(concurrency)
     if not payloads:
         raise ValueError("load_test needs at least one payload to send")
-    if any(c < 1 for c in levels) or max_requests < 1 or max_seconds <= 0:
-        raise ValueError(f"concurrency levels must be >= 1 and the caps positive; got {levels}, "
-                         f"max_requests={max_requests}, max_seconds={max_seconds}")
-    rows = [_run(_run_level(url, payloads, c, max_requests, max_seconds, timeout)) for c in levels]
-    notes = [f"Each level: at most {max_requests:,} requests and {max_seconds:g} s, from one asyncio client process."]
+    if any(c < 1 for c in levels) or max_requests < 1 or max_seconds <= 0 or repeats < 1:
+        raise ValueError(f"concurrency levels must be >= 1 and the caps and repeats positive; got {levels}, "
+                         f"max_requests={max_requests}, max_seconds={max_seconds}, repeats={repeats}")
+    runs: dict[int, list[LoadLevel]] = {i: [] for i in range(len(levels))}
+    for round_ in range(repeats):
+        for i in taking_turns(range(len(levels)), round_):
+            runs[i].append(_run(_run_level(url, payloads, levels[i], max_requests, max_seconds, timeout)))
+    rows = [pooled(runs[i]) for i in range(len(levels))]
+    notes = [f"Each level: at most {max_requests:,} requests and {max_seconds:g} s, from one asyncio client process"
+             + (f"; {repeats} rounds in which the levels take turns: requests/s is the median round's, percentiles over "
+                "every request." if repeats > 1 else ".")]
     notes += [f"concurrency {r.concurrency}: first error: {r.first_error}" for r in rows if r.errors]
     return LoadReport(rows, notes)
+
+
+def taking_turns(items, round_: int) -> list:
+    """``items`` in the order of round ``round_``: each round starts one item later, so none always goes first."""
+    items = list(items)
+    shift = round_ % len(items) if items else 0
+    return items[shift:] + items[:shift]
 
 
 def read_metrics(base_url: str) -> dict[str, float]:

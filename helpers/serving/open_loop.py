@@ -119,11 +119,18 @@ async def _call(send: SendFn, record: RequestRecord, timeout: float) -> None:
             record.error = str(answer["error"])[:300]
 
 
-async def run_open_loop(send: SendFn, rate: float, max_requests: int = 200, max_seconds: float = 10.0,
+def requests_due(rate: float, seconds: float) -> int:
+    """Enough Poisson arrivals at ``rate``/s to fill ``seconds`` (the mean plus ten standard deviations): the schedule
+    that ``max_seconds`` alone ends."""
+    expected = rate * seconds
+    return int(expected + 10 * expected ** 0.5 + 10)
+
+
+async def run_open_loop(send: SendFn, rate: float, max_requests: int | None = 200, max_seconds: float = 10.0,
                         seed: int = 0, timeout: float = 60.0) -> list[RequestRecord]:
-    """Send ``send(i)`` at Poisson times at ``rate``/s until ``max_requests`` or ``max_seconds``; await every answer."""
+    """Send ``send(i)`` at Poisson times at ``rate``/s until ``max_requests`` (None: no cap) or ``max_seconds``; await every answer."""
     begin = time.perf_counter()
-    due = poisson_schedule(rate, max_requests, seed)
+    due = poisson_schedule(rate, max_requests or requests_due(rate, max_seconds), seed)
     records = [RequestRecord(i, begin + t) for i, t in enumerate(due) if t < max_seconds]
     tasks = []
     for record in records:
@@ -161,15 +168,20 @@ async def _close(send: SendFn) -> None:
 class HttpSender:
     """A request callable for ``open_loop_test``/``closed_loop_test``: POST ``payloads[i % len(payloads)]`` as JSON to ``url``.
 
-    Its ``httpx.AsyncClient`` is opened on first use in the running event loop and closed by ``aclose()``;
-    a status other than 200 counts as an error.
+    At most ``max_connections`` requests are in flight, each on a connection of its own; a request due while all are
+    busy waits its turn in order (its latency still counts from its due time, as a user's would). Its
+    ``httpx.AsyncClient`` is opened on first use in the running event loop and closed by ``aclose()``; a status other
+    than 200 counts as an error.
     """
 
     def __init__(self, url: str, payloads: Sequence[dict], timeout: float = 60.0, max_connections: int = 1000):
         if not payloads:
             raise ValueError("HttpSender needs at least one payload to send")
+        if max_connections < 1:
+            raise ValueError(f"max_connections must be at least 1, got {max_connections}")
         self.url, self.payloads, self.timeout, self.max_connections = url, list(payloads), timeout, max_connections
         self._client = None
+        self._slots: asyncio.Semaphore | None = None  # first come, first served: a queue without httpx's pool scanning it
 
     async def __call__(self, i: int) -> dict:
         import httpx
@@ -177,7 +189,9 @@ class HttpSender:
         if self._client is None:
             limits = httpx.Limits(max_connections=self.max_connections, max_keepalive_connections=self.max_connections)
             self._client = httpx.AsyncClient(timeout=self.timeout, limits=limits)
-        answer = await self._client.post(self.url, json=self.payloads[i % len(self.payloads)])
+            self._slots = asyncio.Semaphore(self.max_connections)
+        async with self._slots:
+            answer = await self._client.post(self.url, json=self.payloads[i % len(self.payloads)])
         return {} if answer.status_code == 200 else {"error": f"HTTP {answer.status_code}: {answer.text[:200]}"}
 
     async def aclose(self) -> None:
@@ -218,7 +232,7 @@ def _run(coroutine):
     return run_anywhere(coroutine)
 
 
-def open_loop_test(send: SendFn, rate: float | Sequence[float], max_requests: int = 200,
+def open_loop_test(send: SendFn, rate: float | Sequence[float], max_requests: int | None = 200,
               max_seconds: float = 10.0, seed: int = 0, timeout: float = 60.0) -> OpenLoopReport:
     """Open-loop load at each ``rate`` (requests/s, Poisson arrivals, seeded): a table row per rate.
 
@@ -226,16 +240,18 @@ def open_loop_test(send: SendFn, rate: float | Sequence[float], max_requests: in
     a dict with ``first_token`` (a ``time.perf_counter()`` time), ``token_times`` and ``output_tokens`` for the
     language-model figures, or ``error``; if it has an ``aclose()`` coroutine (as ``HttpSender``'s does), that is
     awaited after each level, in the level's own event loop. Each level stops sending at ``max_requests`` or ``max_seconds`` and
-    waits at most ``timeout`` for each answer, so a run is bounded.
+    waits at most ``timeout`` for each answer, so a run is bounded. ``max_requests=None`` lets time alone end each level:
+    every rate then runs for the same ``max_seconds``, so a faster rate sends more (what a queue needs to show).
     """
     rates = [rate] if isinstance(rate, (int, float)) else list(rate)
-    if not rates or any(r <= 0 for r in rates) or max_requests < 1 or max_seconds <= 0 or timeout <= 0:
+    if not rates or any(r <= 0 for r in rates) or (max_requests is not None and max_requests < 1) or max_seconds <= 0 or timeout <= 0:
         raise ValueError(f"rates, max_requests, max_seconds and timeout must be positive; got rate={rate}, "
                          f"max_requests={max_requests}, max_seconds={max_seconds}, timeout={timeout}")
     rows = [summarise(_run(run_open_loop(send, r, max_requests, max_seconds, seed, timeout)), f"open loop, {r:g}/s", r)
             for r in rates]
+    cap = f"at most {max_requests:,} requests and {max_seconds:g} s" if max_requests else f"{max_seconds:g} s"
     return _report(rows, f"Open loop: Poisson arrivals (seed {seed}); latency from each request's scheduled send time; "
-                         f"at most {max_requests:,} requests and {max_seconds:g} s of sending per rate.")
+                         f"{cap} of sending per rate.")
 
 
 def closed_loop_test(send: SendFn, concurrency: int | Sequence[int], max_requests: int = 200, max_seconds: float = 10.0,

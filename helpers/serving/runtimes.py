@@ -20,6 +20,7 @@ class RuntimePoint:
     latency: float = column("latency", format_seconds)
     per_input: float = column("per input", format_seconds)
     speedup: float = column("vs eager", ".2f")
+    iqr: float = 0.0  # the interquartile range of the timed blocks, seconds: how far one reading may move
 
 
 class RuntimeLatency(Report):
@@ -61,9 +62,11 @@ def runtime_latency(model: nn.Module, sessions: dict[str, object], pixels: torch
             for name, run in runners.items():
                 for batch in batch_sizes:
                     x = pixels[:batch]
-                    latency = timeit(run, x, min_run_time=min_run_time, num_threads=n_threads).median
+                    measured = timeit(run, x, min_run_time=min_run_time, num_threads=n_threads)
+                    latency = measured.median
                     if name == "eager PyTorch":
                         eager_latency[batch] = latency
-                    rows.append(RuntimePoint(name, n_threads, batch, latency, latency / batch, eager_latency[batch] / latency))
+                    rows.append(RuntimePoint(name, n_threads, batch, latency, latency / batch, eager_latency[batch] / latency,
+                                             measured.iqr))
     return RuntimeLatency(rows, [f"Median of torch.utils.benchmark blocks (at least {min_run_time:g} s each), "
                                  "inference only, the same held-out images for every runtime."])
