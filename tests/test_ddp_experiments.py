@@ -23,7 +23,8 @@ def test_bucket_cap_sets_the_number_of_buckets_and_small_buckets_start_early():
     assert large.buckets == 1 and large.largest_bucket == gradient_bytes(mlp(256, 4))
     assert small.buckets == 4 and small.largest_bucket <= layer_bytes + 256 * 4  # one layer (weight + bias) per bucket
     assert small.first_launch_pct < large.first_launch_pct == pytest.approx(100)
-    assert all(r.step_seconds > 0 and r.compute_seconds > 0 and r.all_reduce_seconds > 0 for r in sweep.rows)
+    assert all(r.step_seconds > 0 and r.compute_seconds > 0 and r.all_reduce_seconds > 0 and r.one_bucket_seconds > 0 for r in sweep.rows)
+    assert all(r.hidden_low <= r.hidden_pct <= r.hidden_high for r in sweep.rows) and sweep.noise_pct >= 0  # the range holds the median
 
 
 def accumulate(model, micro_batches, no_sync):
@@ -56,4 +57,6 @@ def test_scaling_measures_small_n_and_models_the_rest():
     assert by_n[1].measured_speedup == 1.0 and by_n[1].model_speedup == pytest.approx(1.0)
     assert by_n[64].model_comm > by_n[4].model_comm > by_n[2].model_comm  # more rounds with more workers
     assert by_n[64].model_compute == pytest.approx(by_n[1].model_compute / 64)
+    assert by_n[2].error == pytest.approx(by_n[2].measured_step / by_n[2].model_step) and by_n[64].error is None
+    assert "predictions only" in report.notes[-1]
     report.plot()

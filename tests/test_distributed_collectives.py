@@ -254,9 +254,14 @@ def test_comm_costs_table_and_unknown_scheme():
 def test_measured_sweep_and_calibration_report_positive_times():
     calibration = calibrate_link(sizes_bytes=(4, 64 * 1024, 1 << 20), repeats=3)
     assert calibration.link.alpha >= 0 and calibration.link.bandwidth > 1e6
+    assert all(r.error == pytest.approx(r.seconds / r.model_seconds) for r in calibration.rows)  # the fit's error at every size
     sweep = all_reduce_sweep({"parameter server": server_all_reduce}, world_sizes=(2,), sizes_bytes=(1024, 256 * 1024), repeats=2, link=calibration.link)
     assert len(sweep.rows) == 4 and all(r.seconds > 0 for r in sweep.rows)
     assert all((r.model_seconds > 0) == (r.implementation == "parameter server") for r in sweep.rows if r.model_seconds is not None)
     assert {r.implementation for r in sweep.rows if r.model_seconds} == {"parameter server"}
+    assert all(r.fastest <= r.seconds <= r.slowest for r in sweep.rows)
+    for r in sweep.rows:  # the model's error compares the fastest round with the model, and only where there is a model
+        assert (r.error is None) == (r.model_seconds is None) and (r.error is None or r.error == pytest.approx(r.fastest / r.model_seconds))
+    assert set(sweep.model_errors("parameter server")[2]) == {1024, 256 * 1024}
     sweep.plot()
     sweep.plot_world_sizes()

@@ -50,7 +50,7 @@ def test_shared_memory_passes_a_handle_and_the_child_writes_through():
 
 def test_gil_demo_runs_every_method_on_both_workloads():
     demo = gil_demo({"pure Python": (python_work, (20_000,)), "torch matmul": (torch_work, (32, 2))}, tasks=2)
-    assert len(demo.rows) == 6 and all(r.seconds > 0 for r in demo.rows)
+    assert len(demo.rows) == 6 and all(0 < r.seconds <= r.slowest for r in demo.rows)
     assert demo.find(work="pure Python", method=startswith("serial")).speedup == 1.0
     demo.plot()
 

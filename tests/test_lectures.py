@@ -94,12 +94,41 @@ def monitoring_lecture(f):
     assert drift["rows"][0][2:5:2] == [False, False] and drift["rows"][-1][2:5:2] == [True, True]  # no drift; clear drift (+0.2)
 
 
+def os_distributed_recap(f):
+    tolerance = f["fit_tolerance"]
+    for n, errors in f["model_errors"].items():  # the printed verdict follows from the errors printed beside it
+        assert f["fits"][n] == all(1 / tolerance <= e <= tolerance for e in errors.values()), (n, errors)
+    assert f["extrapolated"] == all(f["fits"].values())  # seconds are extrapolated only from a model that fits every N
+    for n, least, most, formula, correct in f["traffic"]:  # every worker sends one gradient, the server N - 1 of them
+        assert correct and least == formula and most == (n - 1) * formula, (n, least, most, formula)
+    assert f["bytes_hold"]
+
+
+def data_parallel_training(f):
+    tolerance = f["fit_tolerance"]
+    for n, errors in f["butterfly_errors"].items():
+        assert f["butterfly_fits"][n] == all(1 / tolerance <= e <= tolerance for e in errors.values()), (n, errors)
+    for n, error in f["scaling_errors"].items():
+        assert f["scaling_fits"][n] == (1 / tolerance <= error <= tolerance), (n, error)
+    assert f["extrapolated"] == (all(f["scaling_fits"].values()) and all(f["butterfly_fits"].values()))
+    noise = f["bucket_noise"]
+    for cap, (buckets, first_pct, low, high) in f["buckets"].items():  # a verdict needs the whole range past the noise
+        assert f["bucket_verdicts"][cap] == ("hid" if low > noise else "slower" if high < -noise else "tie"), (cap, low, high, noise)
+        if float(cap) > f["gradient_mib"]:  # a cap above the whole gradient: one bucket, launched when backward ends
+            assert buckets == 1 and first_pct == pytest.approx(100), (cap, buckets, first_pct)
+    overlap = f["overlap"]
+    assert overlap["hid"] == (min(overlap["saved"]) > overlap["noise"])
+    assert f["replicas_equal_after_wrap"] is True
+
+
 RAY_LECTURE = "07-formats-runtimes-batching.ipynb"  # starts Ray Serve
 RUN_ALONE = {"01-gpu-architecture-and-benchmarking.ipynb"}  # its figure check compares timings taken in one run
 
 FIGURE_CHECKS = {
     "01-gpu-architecture-and-benchmarking.ipynb": gpu_architecture,
     "02-hardware-ecosystem.ipynb": hardware_ecosystem,
+    "02-os-and-distributed-recap.ipynb": os_distributed_recap,
+    "03-data-parallel-training.ipynb": data_parallel_training,
     "03-gpu-programming-model.ipynb": gpu_programming_model,
     "06-web-services.ipynb": web_services,
     "07-formats-runtimes-batching.ipynb": formats_runtimes_batching,

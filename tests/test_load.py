@@ -48,8 +48,8 @@ def test_timing_beside_a_busy_program_uses_the_free_cores_and_the_table_says_so(
     load.take_load_note()  # nothing left from earlier timings
     timeit(lambda: sum(range(2000)), min_run_time=0.3)
     report = Report([])
-    assert any(note.startswith(load.NOTE) for note in report.notes), report.notes
-    assert not any(note.startswith(load.NOTE) for note in Report([]).notes)  # taken once, by the table that follows
+    assert any(note.startswith(load.LOAD_NOTE) for note in report.notes), report.notes
+    assert not any(note.startswith(load.LOAD_NOTE) for note in Report([]).notes)  # taken once, by the table that follows
 
 
 def test_a_quiet_timing_leaves_no_note():

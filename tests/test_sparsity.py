@@ -18,7 +18,7 @@ def test_storage_follows_the_density():
     assert full.dense_bytes == sparse.dense_bytes == 64 * 64 * 4
     assert full.csr_bytes > full.dense_bytes > sparse.csr_bytes  # indices cost more than they save when nothing is zero
     assert full.dense_vs_full == 1.0 and sparse.csr_seconds > 0
-    assert len([n for n in report.notes if not n.startswith(load.NOTE)]) == 3  # and a note on the load, when there was some
+    assert len([n for n in report.notes if not n.startswith(load.LOAD_NOTE)]) == 3  # and a note on the load, when there was some
 
 
 def test_the_sentences_follow_the_numbers():

@@ -11,7 +11,7 @@ import time
 import psutil
 
 NOTE_AT = 0.5  # cores that other programs kept busy on average, from which a timed table says so
-NOTE = "Timed while other programs kept"  # how that note begins
+LOAD_NOTE = "Timed while other programs kept"  # how that note begins
 _seen: list[float] = []  # other programs' busy cores during each timing since the last table took its note
 _sample: tuple[float, float] | None = None  # (when, busy cores) of the last short sample, for free_threads
 
@@ -60,7 +60,7 @@ def take_load_note() -> str | None:
     _seen.clear()
     if seen < NOTE_AT:
         return None
-    return (f"{NOTE} about {seen:.1f} of this machine's {os.cpu_count()} cores busy: the times "
+    return (f"{LOAD_NOTE} about {seen:.1f} of this machine's {os.cpu_count()} cores busy: the times "
             "read high and differences between rows are less sure; rerun on a quieter machine to confirm.")
 
 

@@ -49,6 +49,12 @@ def bytes_per_round(scheme: str, message_bytes: float, workers: int) -> float:
             "tree": message_bytes, "butterfly": message_bytes}[scheme]
 
 
+def critical_path_bytes(scheme: str, message_bytes: float, workers: int) -> float:
+    """Bytes that cross one link one after another in an all-reduce (rounds x bytes per round): the time it
+    takes wherever bandwidth, not latency, sets the pace is this many bytes x beta, whatever the network."""
+    return rounds(scheme, workers) * bytes_per_round(scheme, message_bytes, workers)
+
+
 def bytes_sent_per_worker(scheme: str, message_bytes: float, workers: int) -> float:
     """Bytes one worker sends per all-reduce (for a parameter server: a worker, not the server)."""
     _check(scheme, workers)
@@ -107,9 +113,18 @@ class Link:
 
 
 def all_reduce_time(scheme: str, message_bytes: float, workers: int, link: Link) -> float:
-    """Modelled seconds for one all-reduce: rounds x (alpha + critical-path bytes per round x beta)."""
-    n = rounds(scheme, workers)
-    return n * link.message_time(bytes_per_round(scheme, message_bytes, workers)) if n else 0.0
+    """Modelled seconds for one all-reduce: rounds x alpha + critical-path bytes x beta."""
+    return rounds(scheme, workers) * link.alpha + critical_path_bytes(scheme, message_bytes, workers) * link.beta
+
+
+def model_error(measured: float, modelled: float) -> float:
+    """How far a model missed a measurement, as a factor: measured / modelled (1.0: exact; 2.0: the run took twice as long)."""
+    return measured / modelled if modelled > 0 else float("inf")
+
+
+def within(error: float, tolerance: float) -> bool:
+    """Whether a ``model_error`` lies within a factor ``tolerance`` either way (2.0: from half to twice the model)."""
+    return 1 / tolerance <= error <= tolerance
 
 
 def fit_link(message_bytes: Sequence[float], seconds: Sequence[float], source: str = "fitted") -> Link:
@@ -135,6 +150,7 @@ class SchemeCost:
     busiest_node: float = column("busiest node in+out", format_bytes)
     epoch_total: float = column("total per epoch", format_bytes)
     rounds: int = column("rounds")
+    critical_path: float = column("bytes in sequence", format_bytes)
     seconds: float | None = column("time (model)", format_seconds)
     source: str
 
@@ -149,8 +165,9 @@ class CommCosts(Report):
         self.link, self.batches_per_worker = link, batches_per_worker
 
     def plot(self, ax=None, metric: str = "busiest_node"):
-        """One line per scheme against N: ``busiest_node`` bytes (default), ``epoch_total`` or ``seconds``."""
-        labels = {"busiest_node": "bytes in+out at the busiest node", "epoch_total": "bytes per epoch, all nodes", "seconds": "seconds per all-reduce (model)"}
+        """One line per scheme against N: ``busiest_node`` bytes (default), ``epoch_total``, ``critical_path`` or ``seconds``."""
+        labels = {"busiest_node": "bytes in+out at the busiest node", "epoch_total": "bytes per epoch, all nodes", "seconds": "seconds per all-reduce (model)",
+                  "critical_path": "bytes in sequence on one link"}
         series = {}
         for scheme in SCHEMES:
             rows = [r for r in self.rows if r.scheme == scheme]
@@ -166,11 +183,12 @@ def comm_costs(message_bytes: float, workers: Sequence[int] = (2, 4, 8, 16, 32, 
     """Tabulate every scheme's cost for a gradient of ``message_bytes`` over ``workers``; times need a ``link``."""
     rows = [
         SchemeCost(s, n, message_bytes, bytes_sent_per_worker(s, message_bytes, n), busiest_node_bytes(s, message_bytes, n),
-                   epoch_bytes(s, message_bytes, n, batches_per_worker), rounds(s, n),
+                   epoch_bytes(s, message_bytes, n, batches_per_worker), rounds(s, n), critical_path_bytes(s, message_bytes, n),
                    all_reduce_time(s, message_bytes, n, link) if link else None, link.source if link else "")
         for s in schemes for n in workers
     ]
-    notes = [f"K = {batches_per_worker} mini-batches per worker per epoch."]
+    notes = [f"K = {batches_per_worker} mini-batches per worker per epoch.",
+             "bytes in sequence: what crosses one link one message after another; where bandwidth sets the pace, the time is this x beta."]
     if link:
         notes.append(f"Times from the alpha-beta model ({link.source}): alpha = {format_seconds(link.alpha)}, "
                      f"bandwidth = {link.bandwidth / 1e9:.2f} GB/s. These are predictions, not runs.")

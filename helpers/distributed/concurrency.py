@@ -23,7 +23,7 @@ import cloudpickle
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from helpers.core import plots
+from helpers.core import load, plots
 from helpers.core.device import cpu_threads
 from helpers.core.report import Report, column, format_bytes, format_seconds
 from helpers.core.workers import available_cores, worker_context
@@ -96,7 +96,8 @@ class GilRun:
     work: str = column("work")
     method: str = column("method")
     tasks: int = column("tasks")
-    seconds: float = column("time", format_seconds)
+    seconds: float = column("fastest", format_seconds)
+    slowest: float = column("slowest", format_seconds)
     speedup: float = column("speedup vs serial", ".2f")
 
 
@@ -127,24 +128,32 @@ def _run_pool(pool, fn, args, tasks: int) -> float:
     return time.perf_counter() - start
 
 
-def gil_demo(workloads: dict[str, tuple[Callable, tuple]], tasks: int | None = None) -> GilDemo:
+def gil_demo(workloads: dict[str, tuple[Callable, tuple]], tasks: int | None = None, repeats: int = 3) -> GilDemo:
     """Run ``tasks`` equal tasks (default: one per core) serially, on threads and on processes, for each ``{name: (fn, args)}``.
 
-    torch gets one intra-op thread in every thread and process, so that only the pool provides parallelism.
+    torch gets one intra-op thread in every thread and process, so that only the pool provides parallelism. The three
+    ways take turns ``repeats`` times; each row gives the fastest and the slowest time, the speedup from the fastest.
     """
     tasks = tasks or max(2, available_cores())
     rows = []
-    with cpu_threads(1):
+    with cpu_threads(1), load.OtherLoad() as other:
         with ThreadPoolExecutor(tasks) as threads, ProcessPoolExecutor(tasks, mp_context=worker_context(), initializer=torch.set_num_threads,
                                                                        initargs=(1,)) as processes:
             list(processes.map(_nothing_arg, range(tasks)))  # start the processes before timing
             for name, (fn, args) in workloads.items():
                 fn(*args)  # warm-up
-                serial = _run_serial(fn, args, tasks)
-                for method, seconds in (("serial (one thread)", serial), (f"{tasks} threads", _run_pool(threads, fn, args, tasks)),
-                                        (f"{tasks} processes", _run_pool(processes, _ByValue(fn), args, tasks))):
-                    rows.append(GilRun(name, method, tasks, seconds, serial / seconds))
-    return GilDemo(rows, [f"{available_cores()} CPU cores here; the ideal speedup with {tasks} tasks is {min(tasks, available_cores())}x."])
+                ways = {"serial (one thread)": lambda fn=fn, args=args: _run_serial(fn, args, tasks),
+                        f"{tasks} threads": lambda fn=fn, args=args: _run_pool(threads, fn, args, tasks),
+                        f"{tasks} processes": lambda fn=fn, args=args: _run_pool(processes, _ByValue(fn), args, tasks)}
+                times: dict[str, list[float]] = {method: [] for method in ways}
+                for _ in range(repeats):
+                    for method, run in ways.items():  # the ways take turns: a busy moment of the machine hits them alike
+                        times[method].append(run())
+                serial = min(times["serial (one thread)"])
+                rows += [GilRun(name, method, tasks, min(t), max(t), serial / min(t)) for method, t in times.items()]
+    load.record(other.cores)
+    return GilDemo(rows, [f"{available_cores()} CPU cores here; the ideal speedup with {tasks} tasks is {min(tasks, available_cores())}x.",
+                          f"Each way ran {repeats} times, taking turns; the speedup compares fastest times."])
 
 
 def _nothing_arg(_):
@@ -170,7 +179,8 @@ class HandOff:
     method: str = column("method")
     tensor_bytes: int = column("tensor", format_bytes)
     pickled_bytes: int = column("bytes through the pipe", format_bytes)
-    seconds: float = column("round trip", format_seconds)
+    seconds: float = column("round trip, fastest", format_seconds)
+    slowest: float = column("slowest", format_seconds)
     parent_sees_change: bool = column("parent sees the child's in-place add")
 
 
@@ -178,8 +188,11 @@ class SharedMemoryDemo(Report):
     title = "Handing a tensor to another process: a shared-memory handle vs a copy"
 
 
-def shared_memory_demo(mib: int = 64) -> SharedMemoryDemo:
-    """Send a ``mib`` MiB tensor to a child that adds 1 in place: by copying its bytes, and through shared memory."""
+def shared_memory_demo(mib: int = 64, repeats: int = 3) -> SharedMemoryDemo:
+    """Send a ``mib`` MiB tensor to a child that adds 1 in place: by copying its bytes, and through shared memory.
+
+    The two ways take turns ``repeats`` times; each row gives the fastest and the slowest round trip.
+    """
     from multiprocessing.reduction import ForkingPickler
 
     import torch.multiprocessing  # noqa: F401  (registers the reductions that pass tensors as shared-memory handles)
@@ -188,30 +201,36 @@ def shared_memory_demo(mib: int = 64) -> SharedMemoryDemo:
     parent_end, child_end = context.Pipe()
     child = context.Process(target=_tensor_server, args=(child_end,), daemon=True)
     child.start()
-    rows = []
+    methods = ("copy (pickle the data)", "shared memory (torch.multiprocessing)")
+    times: dict[str, list[float]] = {method: [] for method in methods}
+    seen: dict[str, tuple[int, bool]] = {}
     try:
-        for method in ("copy (pickle the data)", "shared memory (torch.multiprocessing)"):
-            tensor = torch.zeros(mib * 2**20 // 4)
-            shared = method.startswith("shared")
-            if shared:
-                tensor.share_memory_()
-                sent = bytes(ForkingPickler.dumps(tensor))  # what actually travels: a handle, not the data
-                message = ("shared", tensor)
-            else:
-                sent = pickle.dumps(tensor)
-                message = ("copy", sent)
-            start = time.perf_counter()
-            parent_end.send(message)
-            parent_end.recv()
-            seconds = time.perf_counter() - start
-            rows.append(HandOff(method, tensor.numel() * 4, len(sent), seconds, bool(tensor[0] == 1)))
+        with load.OtherLoad() as other:
+            for _ in range(repeats):
+                for method in methods:  # the two ways take turns: a busy moment of the machine hits both alike
+                    tensor = torch.zeros(mib * 2**20 // 4)
+                    if method.startswith("shared"):
+                        tensor.share_memory_()
+                        sent = bytes(ForkingPickler.dumps(tensor))  # what actually travels: a handle, not the data
+                        message = ("shared", tensor)
+                    else:
+                        sent = pickle.dumps(tensor)
+                        message = ("copy", sent)
+                    start = time.perf_counter()
+                    parent_end.send(message)
+                    parent_end.recv()
+                    times[method].append(time.perf_counter() - start)
+                    seen[method] = (len(sent), bool(tensor[0] == 1))
+        load.record(other.cores)
         parent_end.send(("stop", None))
         child.join(10)
     finally:
         if child.is_alive():
             child.kill()
             child.join()
-    return SharedMemoryDemo(rows, ["Shared memory sends a file-descriptor handle; both processes then map the same pages."])
+    rows = [HandOff(method, mib * 2**20, seen[method][0], min(times[method]), max(times[method]), seen[method][1]) for method in methods]
+    return SharedMemoryDemo(rows, ["Shared memory sends a file-descriptor handle; both processes then map the same pages.",
+                                   f"{repeats} round trips each, taking turns."])
 
 
 # ---------------------------------------------------------------- why data loaders are processes
@@ -236,7 +255,8 @@ class _PortableDataset(Dataset):
 @dataclass
 class LoaderRun:
     loader: str = column("loader")
-    seconds: float = column("one epoch", format_seconds)
+    seconds: float = column("one epoch, fastest", format_seconds)
+    slowest: float = column("slowest", format_seconds)
     items_per_s: float = column("items/s", ",.0f")
     speedup: float = column("speedup", ".2f")
 
@@ -268,23 +288,28 @@ def _epoch_seconds(loader) -> float:
     return time.perf_counter() - start
 
 
-def dataloader_demo(dataset: Dataset, batch_size: int = 32, workers: int | None = None) -> LoaderDemo:
-    """One epoch of a map-style ``dataset`` through DataLoader(num_workers=0), a thread pool, and DataLoader(num_workers=N)."""
+def dataloader_demo(dataset: Dataset, batch_size: int = 32, workers: int | None = None, repeats: int = 3) -> LoaderDemo:
+    """Epochs of a map-style ``dataset`` through DataLoader(num_workers=0), a thread pool, and DataLoader(num_workers=N),
+    taking turns ``repeats`` times; each row gives the fastest and the slowest epoch, the speedup from the fastest."""
     workers = workers or max(2, available_cores())
     length = len(dataset)
-    serial = _epoch_seconds(DataLoader(dataset, batch_size=batch_size))
     threaded = _ThreadedLoader(dataset, batch_size, workers)
-    try:
-        threads = _epoch_seconds(threaded)
-    finally:
-        threaded.pool.shutdown()
     processes_loader = DataLoader(_PortableDataset(dataset), batch_size=batch_size, num_workers=workers, persistent_workers=True,
                                   multiprocessing_context=worker_context())
-    _epoch_seconds(processes_loader)  # the first epoch starts the worker processes
-    processes = _epoch_seconds(processes_loader)
-    del processes_loader
-    rows = [LoaderRun("DataLoader, num_workers=0", serial, length / serial, 1.0),
-            LoaderRun(f"{workers} threads", threads, length / threads, serial / threads),
-            LoaderRun(f"DataLoader, num_workers={workers} (processes)", processes, length / processes, serial / processes)]
-    return LoaderDemo(rows, [f"{length} items, {format_seconds(serial / length)} each to read; "
-                             f"{available_cores()} CPU cores. The process loader's workers were started before timing."])
+    loaders = {"DataLoader, num_workers=0": DataLoader(dataset, batch_size=batch_size), f"{workers} threads": threaded,
+               f"DataLoader, num_workers={workers} (processes)": processes_loader}
+    times: dict[str, list[float]] = {name: [] for name in loaders}
+    try:
+        _epoch_seconds(processes_loader)  # the first epoch starts the worker processes
+        with load.OtherLoad() as other:
+            for _ in range(repeats):
+                for name, loader in loaders.items():  # the loaders take turns: a busy moment of the machine hits them alike
+                    times[name].append(_epoch_seconds(loader))
+        load.record(other.cores)
+    finally:
+        threaded.pool.shutdown()
+        del processes_loader, loaders
+    serial = min(times["DataLoader, num_workers=0"])
+    rows = [LoaderRun(name, min(t), max(t), length / min(t), serial / min(t)) for name, t in times.items()]
+    return LoaderDemo(rows, [f"{length} items, {format_seconds(serial / length)} each to read at best; {available_cores()} CPU cores. "
+                             f"{repeats} epochs each, taking turns; the process loader's workers were started before timing."])

@@ -19,9 +19,9 @@ from torch.nn.parallel import DistributedDataParallel
 from helpers.core import plots
 from helpers.core.models import LeNet
 from helpers.core.report import Report, column, format_bytes, format_seconds
-from helpers.core.workers import available_cores, launch
-from helpers.distributed.collectives import time_collective, torch_all_reduce
-from helpers.distributed.comm_models import Link, all_reduce_time
+from helpers.core.workers import available_cores
+from helpers.distributed.comm_models import Link, all_reduce_time, model_error
+from helpers.distributed.experiments import launch_beside_load, timed_launch
 
 
 def mlp(width: int = 512, depth: int = 8) -> nn.Sequential:
@@ -73,6 +73,15 @@ def _batch(model_in: int, batch: int, seed: int) -> tuple[torch.Tensor, torch.Te
 # ---------------------------------------------------------------- buckets and overlap
 
 
+GROUPS = 3  # rounds are dealt into this many groups; a verdict holds only if it holds in every group
+
+
+def group_fastest(times: Sequence[float], groups: int = GROUPS) -> list[float]:
+    """The fastest of every ``groups``-th round, for each group: other programs only ever add time, so the fastest
+    round of a group is its best view of the undisturbed machine, and the groups' spread is the noise."""
+    return [min(times[g::groups]) for g in range(min(groups, len(times)))]
+
+
 @dataclass
 class BucketRun:
     bucket_cap_mb: float = column("bucket_cap_mb", "g")
@@ -80,84 +89,129 @@ class BucketRun:
     largest_bucket: int = column("largest bucket", format_bytes)
     first_launch_pct: float = column("1st all-reduce at % of backward", ".0f")
     step_seconds: float = column("DDP step", format_seconds)
+    one_bucket_seconds: float = column("one bucket (no overlap)", format_seconds)
     compute_seconds: float = column("compute only", format_seconds)
     all_reduce_seconds: float = column("all-reduce alone", format_seconds)
     hidden_pct: float = column("comm. hidden %", ".0f")
+    hidden_spread: str = column("hidden %, range over groups")
+    hidden_low: float
+    hidden_high: float
 
 
 class BucketSweep(Report):
-    """Per bucket cap: how many all-reduces DDP starts, how early the first starts, and the step time."""
+    """Per bucket cap: how many all-reduces DDP starts, how early the first starts, the step time, and how much of a
+    one-bucket step's communication time (its all-reduce starts when backward ends) it hid behind backward;
+    ``noise_pct``: how far two identical one-bucket runs fell apart, on the same scale; ``other_cores``: how many
+    cores other programs kept busy meanwhile."""
 
     title = "DDP gradient buckets: count, overlap with backward, step time"
+
+    def __init__(self, rows, notes=(), noise_pct: float = 0.0, other_cores: float = 0.0):
+        super().__init__(rows, notes)
+        self.noise_pct, self.other_cores = noise_pct, other_cores
 
     def plot(self, ax=None):
         caps = [f"{r.bucket_cap_mb:g} MB" for r in self.rows]
         ax = plots.grouped_bars(caps, {"DDP step": [r.step_seconds * 1e3 for r in self.rows],
-                                       "compute only": [r.compute_seconds * 1e3 for r in self.rows],
-                                       "compute + all-reduce, no overlap": [(r.compute_seconds + r.all_reduce_seconds) * 1e3 for r in self.rows]},
-                                ax, title="DDP step time by bucket cap", xlabel="bucket_cap_mb", ylabel="milliseconds per step")
+                                       "one bucket (no overlap)": [r.one_bucket_seconds * 1e3 for r in self.rows],
+                                       "compute only": [r.compute_seconds * 1e3 for r in self.rows]},
+                                ax, title="DDP step time by bucket cap (fastest rounds)", xlabel="bucket_cap_mb", ylabel="milliseconds per step")
         return ax
 
 
 def _median_step(step, steps: int) -> float:
+    return statistics.median(_step_times(step, steps))
+
+
+def _step_times(step, steps: int) -> list[float]:
     times = []
     for _ in range(steps):
         dist.barrier()
         start = time.perf_counter()
         step()
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return times
 
 
-def _bucket_worker(caps: Sequence[float], width: int, depth: int, batch: int, steps: int) -> list[BucketRun]:
+ONE_BUCKET, AGAIN, NO_SYNC = "one bucket", "one bucket, again", "no_sync"  # the baseline, an identical run of it (the noise), compute only
+
+
+def _bucket_worker(caps: Sequence[float], width: int, depth: int, batch: int, rounds: int) -> tuple[list[BucketRun], float]:
     rank = dist.get_rank()
     x, y = _batch(width, batch, seed=rank)
+    grads = gradient_bytes(mlp(width, depth))
+    wrapped = {}
+    for cap in [*caps, ONE_BUCKET, AGAIN, NO_SYNC]:  # a model of its own for each way
+        torch.manual_seed(0)
+        wrapped[cap] = _wrap(mlp(width, depth), cap if cap in caps else 2 * grads / 2**20 + 1)  # above the gradient: one bucket
+    marks: dict = {cap: [] for cap in wrapped}
+    flat = torch.zeros(grads // 4)
+
+    def step(cap):
+        ddp = wrapped[cap][0]
+        ddp.zero_grad(set_to_none=False)
+        loss = nn.functional.mse_loss(ddp(x), y)
+        marks[cap].append(time.perf_counter())
+        loss.backward()
+
+    def compute_only():
+        ddp = wrapped[NO_SYNC][0]
+        with ddp.no_sync():
+            ddp.zero_grad(set_to_none=False)
+            nn.functional.mse_loss(ddp(x), y).backward()
+
+    ways = {**{cap: (lambda cap=cap: step(cap)) for cap in [*caps, ONE_BUCKET, AGAIN]}, "compute": compute_only, "all-reduce": lambda: dist.all_reduce(flat)}
+    for way in ways.values():
+        way()
+        way()  # DDP rebuilds its buckets in gradient-ready order after the first step
+    for cap, (_, log) in wrapped.items():
+        log.clear()
+        marks[cap].clear()
+    times: dict = {name: [] for name in ways}
+    names = list(ways)
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:  # the ways take turns, each round starting one later
+            times[name] += _step_times(ways[name], 1)
+    comm, base = min(times["all-reduce"]), group_fastest(times[ONE_BUCKET])
+    exposed = max(min(times[ONE_BUCKET]) - min(times["compute"]), comm)  # what communication adds to a step that cannot overlap it
+    noise = max(abs(100 * (b - t) / exposed) for b, t in zip(base, group_fastest(times[AGAIN])))
     runs = []
     for cap in caps:
-        torch.manual_seed(0)
-        ddp, log = _wrap(mlp(width, depth), cap)
-        marks: list[float] = []
-
-        def step():
-            ddp.zero_grad(set_to_none=False)
-            loss = nn.functional.mse_loss(ddp(x), y)
-            marks.append(time.perf_counter())
-            loss.backward()
-
-        def compute_only():
-            with ddp.no_sync():
-                ddp.zero_grad(set_to_none=False)
-                nn.functional.mse_loss(ddp(x), y).backward()
-
-        for _ in range(2):  # DDP rebuilds its buckets in gradient-ready order after the first step
-            step()
-        log.clear()
-        marks.clear()
-        seconds = _median_step(step, steps)
-        per_step = len(log.events) // steps
-        first = [log.events[i * per_step][0] - marks[i] for i in range(steps)]
-        last = [log.events[i * per_step + per_step - 1][0] - marks[i] for i in range(steps)]
+        log = wrapped[cap][1]
+        per_step = len(log.events) // rounds
+        first = [log.events[i * per_step][0] - marks[cap][i] for i in range(rounds)]
+        last = [log.events[i * per_step + per_step - 1][0] - marks[cap][i] for i in range(rounds)]
         first_pct = 100 * statistics.median(f / end if end > 0 else 1.0 for f, end in zip(first, last))
-        compute = _median_step(compute_only, steps)
-        grads = sum(p.numel() for p in ddp.parameters())
-        comm = time_collective(torch_all_reduce, grads, repeats=max(3, steps // 2))
-        hidden = 100 * max(0.0, compute + comm - seconds) / comm if comm > 0 else 0.0
-        runs.append(BucketRun(cap, per_step, max(b for _, b in log.events), first_pct, seconds, compute, comm, min(hidden, 100.0)))
-    return runs
+        hidden = [100 * (b - t) / exposed for b, t in zip(base, group_fastest(times[cap]))]  # paired: one-bucket steps of the same rounds
+        low, high = min(hidden), max(hidden)
+        runs.append(BucketRun(cap, per_step, max(b for _, b in log.events), first_pct, min(times[cap]), min(times[ONE_BUCKET]),
+                              min(times["compute"]), comm, statistics.median(hidden), f"{round(low)} to {round(high)}", low, high))
+    return runs, noise
 
 
 def bucket_sweep(caps_mb: Sequence[float] = (1, 2, 4, 25), world_size: int = 2, width: int = 512, depth: int = 8,
                  batch: int = 64, steps: int = 10, timeout: float = 300) -> BucketSweep:
-    """Train an MLP with DDP at each ``bucket_cap_mb`` and measure buckets, overlap and step time."""
-    runs = launch(_bucket_worker, world_size, args=(list(caps_mb), width, depth, batch, steps), timeout=timeout, echo=False)[0]
+    """Train an MLP with DDP at each ``bucket_cap_mb`` and measure buckets, overlap and step time over ``steps`` rounds.
+
+    In every round each cap's step, a step with one bucket (its all-reduce can only start when backward ends), the
+    same again (the noise: two identical runs), a step without communication and the gradient's all-reduce alone
+    take turns; the hidden share pairs each cap's steps with the one-bucket steps of the same rounds.
+    """
+    results, other = launch_beside_load(_bucket_worker, world_size, args=(list(caps_mb), width, depth, batch, steps), timeout=timeout, echo=False)
+    runs, noise = results[0]
     grads = gradient_bytes(mlp(width, depth))
     notes = [
-        f"{world_size} workers, an MLP of {depth} linear {width}x{width} layers: {format_bytes(grads)} of gradients per step.",
+        f"{world_size} workers, an MLP of {depth} linear {width}x{width} layers, batch {batch}: {format_bytes(grads)} of gradients per step; "
+        f"times are rank 0's fastest of {steps} rounds.",
         "'1st all-reduce at %': when DDP launched its first bucket, as a share of the time from the start of backward "
         "to the launch of its last bucket. Small: communication starts while backward still runs.",
-        "'comm. hidden %': (compute only + all-reduce alone - DDP step) / all-reduce alone.",
+        "'comm. hidden %': how much of the communication time of a one-bucket step (its step - compute only, at least the all-reduce "
+        "alone) this cap saved: one-bucket step - this step, over it. One bucket is DDP with nothing to overlap: its all-reduce "
+        f"starts when backward ends. From the fastest round of each of {GROUPS} groups of rounds (every third round): the median "
+        "and the range over the groups.",
+        f"Noise: a second, identical one-bucket DDP differed from the first by up to {noise:.0f}%, on the same scale.",
     ]
-    return BucketSweep(runs, notes)
+    return BucketSweep(runs, notes, noise, other)
 
 
 # ---------------------------------------------------------------- gradient accumulation with no_sync
@@ -210,7 +264,7 @@ def accumulation_demo(accumulate: Callable, micro_batches: int = 4, world_size: 
     Counts DDP's all-reduces with a communication hook, times the update, and compares the gradients with those
     of the whole batch at once.
     """
-    runs = launch(_accumulation_worker, world_size, args=(accumulate, micro_batches, width, depth, batch, repeats), timeout=timeout, echo=False)[0]
+    runs = timed_launch(_accumulation_worker, world_size, args=(accumulate, micro_batches, width, depth, batch, repeats), timeout=timeout, echo=False)[0]
     return AccumulationDemo(runs, [f"{world_size} workers, {micro_batches} micro-batches of {batch} per update."])
 
 
@@ -220,13 +274,15 @@ def accumulation_demo(accumulate: Callable, micro_batches: int = 4, world_size: 
 @dataclass
 class ScalingPoint:
     workers: int = column("N")
-    measured_compute: float | None = column("compute (measured)", format_seconds)
+    measured_compute: float | None = column("compute, CPU time", format_seconds)
     measured_step: float | None = column("step (measured)", format_seconds)
+    step_spread: str = column("step, fastest per group")
     measured_speedup: float | None = column("speedup (measured)", ".2f")
     model_compute: float = column("compute (model)", format_seconds)
     model_comm: float = column("all-reduce (model)", format_seconds)
     model_step: float = column("step (model)", format_seconds)
     model_speedup: float = column("speedup (model)", ".2f")
+    error: float | None = column("measured / model", ".2f")
 
     @property
     def ran_here(self) -> bool:
@@ -234,9 +290,25 @@ class ScalingPoint:
 
 
 class Scaling(Report):
-    """Strong scaling of data-parallel LeNet training: measured here, and the calibrated model up to many workers."""
+    """Strong scaling of data-parallel LeNet training: measured here, the model beside each measurement and its error;
+    ``extrapolate`` adds the model's rows beyond what ran (for a model that fits)."""
 
     title = "Data-parallel scaling, fixed global batch: measured here, and the model"
+
+    def __init__(self, rows, notes=(), *, base_compute: float, gradient_bytes: int, link: Link | None, other_cores: float = 0.0):
+        super().__init__(rows, notes)
+        self.base_compute, self.gradient_bytes, self.link, self.other_cores = base_compute, gradient_bytes, link, other_cores
+
+    def model_point(self, workers: int) -> ScalingPoint:
+        """The model alone at ``workers``: the one-worker compute / N, plus a ring all-reduce on the link."""
+        return _model_point(workers, self.base_compute, self.gradient_bytes, self.link)
+
+    def extrapolate(self, workers: Sequence[int]) -> Scaling:
+        """These rows and the model's predictions at ``workers`` (not measured): only for a model that fits the measured rows."""
+        extra = [self.model_point(n) for n in workers if n not in {r.workers for r in self.rows}]
+        notes = [*self.notes, f"Rows without a measurement ({', '.join(str(r.workers) for r in extra)} workers) are the model's predictions only."]
+        return Scaling(sorted([*self.rows, *extra], key=lambda r: r.workers), notes, base_compute=self.base_compute,
+                       gradient_bytes=self.gradient_bytes, link=self.link, other_cores=self.other_cores)
 
     def plot(self, ax=None):
         measured = [r for r in self.rows if r.ran_here]
@@ -249,7 +321,14 @@ class Scaling(Report):
         return ax
 
 
-def _scaling_worker(global_batch: int, steps: int) -> tuple[float, float, int]:
+def _model_point(workers: int, base_compute: float, grads: int, link: Link | None) -> ScalingPoint:
+    comm = all_reduce_time("ring", grads, workers, link) if link else 0.0
+    step = base_compute / workers + comm
+    return ScalingPoint(workers, None, None, "", None, base_compute / workers, comm, step, base_compute / step, None)
+
+
+def _scaling_worker(global_batch: int, steps: int) -> tuple[list[float], float]:
+    """This worker's wall-clock seconds of every DDP step, and the least CPU seconds of a step without communication."""
     world, rank = dist.get_world_size(), dist.get_rank()
     torch.manual_seed(0)
     ddp = DistributedDataParallel(LeNet())
@@ -270,37 +349,45 @@ def _scaling_worker(global_batch: int, steps: int) -> tuple[float, float, int]:
 
     for _ in range(2):
         step()
-    return _median_step(step, steps), _median_step(compute_only, steps), torch.get_num_threads()
+    steps_taken, computed = [], []
+    for _ in range(steps):  # a step and a step without communication take turns
+        steps_taken += _step_times(step, 1)
+        start = time.process_time()  # CPU time: what the compute costs a core, however long other programs kept it waiting
+        compute_only()
+        computed.append(time.process_time() - start)
+    return steps_taken, min(computed)
 
 
 def scaling(world_sizes: Sequence[int] = (1, 2, 4), global_batch: int = 256, steps: int = 10, link: Link | None = None,
-            model_workers: Sequence[int] = (8, 16, 32, 64), timeout: float = 300) -> Scaling:
-    """Measure LeNet training steps at each N here, and model every N: compute / N plus a ring all-reduce.
+            model_workers: Sequence[int] = (), timeout: float = 300) -> Scaling:
+    """Measure LeNet training steps at each N here, with the model beside each (and at ``model_workers``, unmeasured).
 
-    The model assumes one device per worker, each as fast as the measured single worker (its compute time,
-    without communication, calibrates it), and the alpha-beta ``link``: compute shrinks as 1/N, the ring's
-    latency-bound rounds grow with N. Measured runs use one thread per worker on this machine's cores.
+    The model assumes one device per worker, each as fast as the measured single worker (the CPU time of its step
+    without communication calibrates it: other programs cannot inflate it), and the alpha-beta ``link``: compute
+    shrinks as 1/N, the ring's latency-bound rounds grow with N. Measured runs use one thread per worker on this
+    machine's cores; a measured step is wall-clock time, the fastest of ``steps``.
     """
     grads = gradient_bytes(LeNet())
-    measured = {}
-    for n in world_sizes:
-        measured[n] = launch(_scaling_worker, n, args=(global_batch, steps), threads=1, timeout=timeout, echo=False)[0]
+    measured, busy = {}, 0.0
+    for n in sorted(world_sizes):
+        measured[n], other = launch_beside_load(_scaling_worker, n, args=(global_batch, steps), threads=1, timeout=timeout, echo=False)
+        measured[n], busy = measured[n][0], max(busy, other)
     smallest = min(measured)
-    base_compute = measured[smallest][1] * smallest  # one worker's compute for the whole global batch
-    base_step = measured[1][0] if 1 in measured else None
+    base_compute = measured[smallest][1] * smallest  # one worker's compute for the whole global batch, in CPU time
+    base_step = min(measured[1][0]) if 1 in measured else None
     rows = []
-    for n in sorted(set(world_sizes) | set(model_workers)):
-        comm = all_reduce_time("ring", grads, n, link) if link else 0.0
-        step, compute = measured[n][:2] if n in measured else (None, None)
-        rows.append(ScalingPoint(n, compute, step, base_step / step if base_step and step else None,
-                                 base_compute / n, comm, base_compute / n + comm, 0.0))
-    model_one = base_compute + (all_reduce_time("ring", grads, 1, link) if link else 0.0)
-    for r in rows:
-        r.model_speedup = model_one / r.model_step
-    notes = [f"LeNet, global batch {global_batch} split over N workers, {format_bytes(grads)} of gradients per step.",
+    for n, (steps_taken, compute) in measured.items():
+        point, step = _model_point(n, base_compute, grads, link), min(steps_taken)
+        point.measured_compute, point.measured_step = compute, step
+        point.step_spread = ", ".join(map(format_seconds, group_fastest(steps_taken)))
+        point.measured_speedup, point.error = (base_step / step if base_step else None), model_error(step, point.model_step)
+        rows.append(point)
+    notes = [f"LeNet, global batch {global_batch} split over N workers, {format_bytes(grads)} of gradients per step; the fastest of "
+             f"{steps} steps (other programs only add time; the model describes an undisturbed machine), and of each of {GROUPS} groups of them beside.",
              f"Measured: N processes with one thread each (one core per worker, as one GPU per worker) on this machine's "
              f"{available_cores()} cores; beyond {available_cores()} workers they share cores.",
-             "Model: compute = the measured one-worker compute / N (one device per worker), all-reduce = ring alpha-beta "
+             "Model: compute = the one-worker compute's CPU time / N (one device per worker), all-reduce = ring alpha-beta "
              + (f"({link.source})." if link else "(no link given: zero)."),
-             f"Rows without a measurement ({', '.join(str(r.workers) for r in rows if not r.ran_here)} workers) are predictions only."]
-    return Scaling(rows, notes)
+             "measured / model: the model's error at each measured N (1.00: exact)."]
+    report = Scaling(rows, notes, base_compute=base_compute, gradient_bytes=grads, link=link, other_cores=busy)
+    return report.extrapolate(model_workers) if model_workers else report

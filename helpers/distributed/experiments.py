@@ -3,7 +3,10 @@
 * ``traffic_check``: bytes each rank really sent in the all-reduces a cell wrote, beside the formula;
 * ``calibrate_link``: point-to-point times between two workers, fitted to the alpha-beta model;
 * ``all_reduce_sweep``: a cell's all-reduces against ``dist.all_reduce`` over message sizes and world sizes,
-  with the calibrated model's prediction beside each measurement.
+  with the calibrated model's prediction and its error (fastest measured / model) beside each measurement.
+
+Every launch is timed against other programs' use of the CPU (``helpers.core.load``), so a table measured on a
+busy machine says so.
 
 An all-reduce is given as ``{scheme: fn}``: ``fn(tensor)`` sums ``tensor`` over the ranks in place and returns
 it; ``scheme`` names the cost formula of ``helpers.distributed.comm_models`` it follows ("ring", "tree",
@@ -11,20 +14,44 @@ it; ``scheme`` names the cost formula of ``helpers.distributed.comm_models`` it 
 """
 from __future__ import annotations
 
+import statistics
+import time
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
 
-from helpers.core import plots
+from helpers.core import load, plots
 from helpers.core.report import Report, column, format_bytes, format_seconds
 from helpers.core.workers import WorkerError, WorkerTimeout, available_cores, launch  # noqa: F401  (re-exported)
-from helpers.distributed.collectives import count_traffic, ping_pong, time_collective, torch_all_reduce
-from helpers.distributed.comm_models import SCHEMES, Link, all_reduce_time, bytes_sent_per_worker, comm_costs, fit_link  # noqa: F401  (re-exported)
+from helpers.distributed.collectives import count_traffic, ping_pong, torch_all_reduce
+from helpers.distributed.comm_models import (  # noqa: F401  (re-exported)
+    SCHEMES,
+    Link,
+    all_reduce_time,
+    bytes_sent_per_worker,
+    comm_costs,
+    fit_link,
+    model_error,
+    within,
+)
 
 KIB, MIB = 1024, 1024 * 1024
 FLOAT_BYTES = 4
+
+
+def launch_beside_load(*args: Any, **kwargs: Any) -> tuple[list[Any], float]:
+    """``launch``, and how many cores other programs kept busy meanwhile (recorded: the next table built says so)."""
+    with load.OtherLoad() as other:
+        results = launch(*args, **kwargs)
+    load.record(other.cores)
+    return results, other.cores
+
+
+def timed_launch(*args: Any, **kwargs: Any) -> list[Any]:
+    """``launch``, noting how many cores other programs kept busy meanwhile (the next table built says so)."""
+    return launch_beside_load(*args, **kwargs)[0]
 
 
 # ---------------------------------------------------------------- traffic counted vs formula
@@ -92,6 +119,7 @@ class LinkPoint:
     message_bytes: int = column("message", format_bytes)
     seconds: float = column("measured (one way)", format_seconds)
     model_seconds: float = column("model alpha + b*beta", format_seconds)
+    error: float = column("measured / model", ".2f")
 
 
 class LinkCalibration(Report):
@@ -113,10 +141,11 @@ class LinkCalibration(Report):
 def calibrate_link(sizes_bytes: Sequence[int] = (4, 4 * KIB, 64 * KIB, MIB, 8 * MIB), repeats: int = 10, timeout: float = 120) -> LinkCalibration:
     """Measure ping-pong times between two gloo workers and fit alpha (latency) and beta (seconds per byte)."""
     sizes = [max(FLOAT_BYTES, int(b)) for b in sizes_bytes]
-    seconds = launch(lambda: [ping_pong(b // FLOAT_BYTES, repeats) for b in sizes], 2, timeout=timeout, echo=False)[0]
+    seconds = timed_launch(lambda: [ping_pong(b // FLOAT_BYTES, repeats) for b in sizes], 2, timeout=timeout, echo=False)[0]
     link = fit_link(sizes, seconds, source=f"fitted to {len(sizes)} ping-pong sizes between 2 local gloo workers")
-    rows = [LinkPoint(b, s, link.message_time(b)) for b, s in zip(sizes, seconds)]
-    notes = [f"alpha (latency) = {format_seconds(link.alpha)}, bandwidth 1/beta = {link.bandwidth / 1e9:.2f} GB/s"]
+    rows = [LinkPoint(b, s, link.message_time(b), model_error(s, link.message_time(b))) for b, s in zip(sizes, seconds)]
+    notes = [f"alpha (latency) = {format_seconds(link.alpha)}, bandwidth 1/beta = {link.bandwidth / 1e9:.2f} GB/s",
+             "measured / model: the fit's error at each size (1.00: exact)."]
     return LinkCalibration(rows, link, notes)
 
 
@@ -128,38 +157,51 @@ class AllReducePoint:
     implementation: str = column("implementation")
     world_size: int = column("N")
     message_bytes: int = column("message", format_bytes)
-    seconds: float = column("measured", format_seconds)
+    fastest: float = column("fastest", format_seconds)
+    seconds: float = column("median", format_seconds)
+    slowest: float = column("slowest", format_seconds)
     model_seconds: float | None = column("model", format_seconds)
+    error: float | None = column("fastest / model", ".1f")
     bus_gbs: float = column("bus GB/s", ".2f")
 
 
 class AllReduceSweep(Report):
-    """Measured all-reduce times by implementation, world size and message size, with the model beside them."""
+    """Measured all-reduce times by implementation, world size and message size, with the model and its error beside them."""
 
-    title = "All-reduce: measured time, and the alpha-beta model's prediction"
+    title = "All-reduce: measured time (fastest, median, slowest round), the alpha-beta model, and its error"
 
     def __init__(self, rows, link: Link | None, notes=()):
         super().__init__(rows, notes)
         self.link = link
 
+    def model_errors(self, implementation: str) -> dict[int, dict[int, float]]:
+        """``{N: {message bytes: fastest / model}}`` for one implementation: the model's error at every measured point."""
+        errors: dict[int, dict[int, float]] = {}
+        for r in self.rows:
+            if r.implementation == implementation and r.error is not None:
+                errors.setdefault(r.world_size, {})[r.message_bytes] = r.error
+        if not errors:
+            raise ValueError(f"no modelled rows for {implementation!r}: give all_reduce_sweep a link and a scheme the model knows")
+        return errors
+
     def _series(self, keep, x_of) -> tuple[dict, dict]:
         measured, model = {}, {}
         for impl in dict.fromkeys(r.implementation for r in self.rows):
             rows = [r for r in self.rows if r.implementation == impl and keep(r)]
-            measured[impl] = ([x_of(r) for r in rows], [r.seconds for r in rows])
+            measured[impl] = ([x_of(r) for r in rows], [r.fastest for r in rows])
             if self.link and all(r.model_seconds is not None for r in rows):
                 model[impl] = ([x_of(r) for r in rows], [r.model_seconds for r in rows])
         return measured, model
 
     def plot(self, ax=None, world_size: int | None = None):
-        """Time against message size for one world size (default: the largest), measured solid, model dashed."""
+        """Time against message size for one world size (default: the largest), fastest measured round solid, model dashed."""
         world_size = world_size or max(r.world_size for r in self.rows)
         measured, model = self._series(lambda r: r.world_size == world_size, lambda r: r.message_bytes)
         return plots.measured_and_model(measured, model, ax, title=f"All-reduce time, N = {world_size} workers",
                                         xlabel="message size (log scale)", ylabel="time (log scale)", logx=True, logy=True, xunit="bytes", yunit="seconds")
 
     def plot_world_sizes(self, ax=None, message_bytes: int | None = None):
-        """Time against N at one message size (default: the largest), measured solid, model dashed."""
+        """Time against N at one message size (default: the largest), fastest measured round solid, model dashed."""
         message_bytes = message_bytes or max(r.message_bytes for r in self.rows)
         measured, model = self._series(lambda r: r.message_bytes == message_bytes, lambda r: r.world_size)
         ax = plots.measured_and_model(measured, model, ax, title=f"All-reduce time against N, {format_bytes(message_bytes)}",
@@ -171,8 +213,23 @@ class AllReduceSweep(Report):
 LIBRARY = "dist.all_reduce"
 
 
+def collective_rounds(fn: Callable[[torch.Tensor], torch.Tensor], numel: int, repeats: int) -> list[float]:
+    """Seconds of ``fn(tensor)`` in each of ``repeats`` rounds after a warm-up, each the slowest rank's, all ranks starting at a barrier."""
+    tensor = torch.ones(numel)
+    fn(tensor)
+    times = []
+    for _ in range(repeats):
+        dist.barrier()
+        start = time.perf_counter()
+        fn(tensor)
+        elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+        times.append(elapsed.item())
+    return times
+
+
 def _sweep(all_reduces: AllReduces, numels: Sequence[int], repeats: int) -> dict:
-    return {(name, n): time_collective(fn, n, repeats) for name, fn in all_reduces.items() for n in numels}
+    return {(name, n): collective_rounds(fn, n, repeats) for name, fn in all_reduces.items() for n in numels}
 
 
 def all_reduce_sweep(
@@ -190,14 +247,18 @@ def all_reduce_sweep(
     numels = [max(1, int(b) // FLOAT_BYTES) for b in sizes_bytes]
     rows = []
     for world in world_sizes:
-        times = launch(_sweep, world, args=(timed, numels, repeats), timeout=timeout, echo=False)[0]
+        times = timed_launch(_sweep, world, args=(timed, numels, repeats), timeout=timeout, echo=False)[0]
         for name in timed:
             for n in numels:
-                message, seconds = n * FLOAT_BYTES, times[(name, n)]
-                bus = 2 * (world - 1) / world * message / seconds / 1e9 if world > 1 else 0.0
+                message, rounds = n * FLOAT_BYTES, times[(name, n)]
+                median = statistics.median(rounds)
+                bus = 2 * (world - 1) / world * message / median / 1e9 if world > 1 else 0.0
                 model = all_reduce_time(name, message, _workers_of(name, world), link) if link and name in SCHEMES else None
-                rows.append(AllReducePoint(name, world, message, seconds, model, bus))
-    notes = ["bus GB/s = 2(N-1)/N x message / time: the per-link rate a ring needs; compare it across N."]
+                error = model_error(min(rounds), model) if model else None
+                rows.append(AllReducePoint(name, world, message, min(rounds), median, max(rounds), model, error, bus))
+    notes = [f"{repeats} timed rounds per row after a warm-up, each the slowest rank's time; the spread runs from the fastest to the slowest.",
+             "fastest / model: the model's error. The model describes an undisturbed link, so it is compared with the fastest round.",
+             "bus GB/s = 2(N-1)/N x message / median time: the per-link rate a ring needs; compare it across N."]
     cores = available_cores()
     if max(world_sizes) > cores:
         notes.append(f"Only {cores} CPU cores here: at N > {cores} the workers take turns on the cores, which the model does not know about.")
