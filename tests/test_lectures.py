@@ -74,6 +74,8 @@ def making_models_cheaper(f):
         if name.startswith("pruned "):  # "pruned 50%" keeps at most half the weights
             assert share <= 1 - float(name.split()[1].rstrip("%")) / 100 + 0.01, (name, share)
     assert all(0 <= a <= 1 for a in f["accuracy"].values())
+    assert f["held_out_digits"] == {"calibration": list(range(10)), "test": list(range(10))}  # both disjoint slices hold every digit
+    assert len(f["student_accuracy"]["distilled"]) == len(f["student_accuracy"]["labels only"]) >= 3  # chance taken over seeds
 
 
 def experiment_tracking(f):
