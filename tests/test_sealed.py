@@ -1,6 +1,7 @@
 """The sealed instructor material: what a clone without the key holds, what refuses, and the kit handed to students."""
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -52,8 +53,10 @@ def test_a_clone_without_the_key_holds_ciphertext_and_its_sealed_tests_skip_sayi
     excludes = sealed.lint_excludes(clone)  # make test's ruff leaves the ciphertext out there, and lints it where unlocked
     assert excludes[0] == "--extend-exclude" and "assignments/source/**" in excludes[1]
     assert bool(sealed.lint_excludes(ROOT)) == sealed.locked(ROOT / "assignments" / "source")  # this checkout: as it is
+    env = {k: v for k, v in os.environ.items() if k != "EDL_INSTRUCTOR_KEY"}  # this clone was not unlocked, whoever runs us
     done = subprocess.run([sys.executable, "-m", "pytest", "tests/test_hw1_cheats.py", "tests/test_no_answers_in_kit.py",
-                           "-p", "no:cacheprovider", "-q", "-rs"], cwd=clone, capture_output=True, text=True, timeout=300)
+                           "-p", "no:cacheprovider", "-q", "-rs"], cwd=clone, capture_output=True, text=True, timeout=300,
+                          env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert "skipped" in done.stdout and sealed.MESSAGE in done.stdout and "tests skipped: instructor material is sealed" in done.stdout
 
