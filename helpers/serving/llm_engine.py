@@ -1,16 +1,15 @@
-"""A small LLM serving engine: a paged KV cache, prefill and batched decode over it, and a scheduler.
+"""The kit's LLM serving engine: a paged KV cache, continuous batching, preemption, prefix caching, chunked prefill and
+n-gram speculative decoding, over SmolLM2 (``helpers.serving.llama``). ``make serve-llm`` and lecture 8b run it.
 
-The lecture on serving language models shows and runs these very objects, and ``make serve-llm`` serves
-through them, so what is taught is what answers requests:
-
-* ``PagedKVCache``: keys and values of every running sequence live in fixed-size blocks of one pool; each
-  sequence has a *block table* (its blocks in order), so memory is taken a block at a time as it grows.
-* ``prefill`` runs a whole prompt once, writing its keys and values; ``decode_step`` advances a batch of
-  sequences by one token each, reading their keys and values back through their block tables.
-* ``Engine`` schedules: ``"continuous"`` (iteration-level, as Orca and vLLM do: a request joins the running
-  batch at the next step and leaves it when done) or ``"static"`` (request-level: a batch is formed when the
-  engine is idle and runs until its last member is done).
-* ``AsyncEngine`` runs an ``Engine`` in a thread for an asyncio server: ``async for token in generate(...)``.
+* ``BlockPool``: the KV cache's blocks, shared by reference count; a full block is remembered by the hash of every
+  token up to its end, so a later prompt with the same prefix reuses it (prefix caching).
+* ``Engine.step()``: one forward pass over a token budget. Decoding sequences first (one token each, or one plus
+  n-gram drafts to verify), then prompt chunks (chunked prefill), then new admissions. Blocks are taken as a
+  sequence grows; when none is free the most recently admitted sequence is preempted (its blocks freed, its tokens
+  recomputed later; greedy output is unchanged).
+* ``allocation="reserved"`` instead takes blocks for prompt + max_tokens at admission, as a server with contiguous
+  per-request buffers must: the comparison paging is measured against.
+* ``AsyncEngine`` steps an ``Engine`` in a thread of its own for an asyncio server.
 """
 from __future__ import annotations
 
@@ -19,238 +18,403 @@ import itertools
 import math
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable
 
 import torch
-import torch.nn.functional as F
 
-from helpers.core.models import TransformerLM
+from helpers.serving.llama import Batch, Llama
 
 SCHEDULERS = ("continuous", "static")
+ALLOCATIONS = ("paged", "reserved")
 
 
-class PagedKVCache:
-    """Keys and values in ``num_blocks`` blocks of ``block_size`` token slots, per layer; a block table per sequence."""
+class BlockPool:
+    """``num_blocks`` KV blocks; each in use has a reference count, and a full one may be found again by its prefix hash.
 
-    def __init__(self, layers: int, heads: int, head_dim: int, num_blocks: int, block_size: int = 16,
-                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
-        self.layers, self.heads, self.head_dim, self.block_size = layers, heads, head_dim, block_size
+    Free blocks wait in least-recently-freed order: a freed block keeps its cached content (and its hash) until it is
+    taken again, so a popular prefix survives while the pool has room.
+    """
+
+    def __init__(self, num_blocks: int):
         self.num_blocks = num_blocks
-        # one pool per layer for K and one for V: (slots, heads, head_dim); slot = block * block_size + offset
-        self.k = torch.zeros(layers, num_blocks * block_size, heads, head_dim, dtype=dtype, device=device)
-        self.v = torch.zeros_like(self.k)
-        self.free_blocks: list[int] = list(range(num_blocks - 1, -1, -1))
-        self.tables: dict[int, list[int]] = {}
-
-    @classmethod
-    def for_model(cls, model: TransformerLM, num_blocks: int, block_size: int = 16) -> "PagedKVCache":
-        block = model.blocks[0]
-        width = model.tok.embedding_dim
-        weight = model.tok.weight
-        return cls(len(model.blocks), block.n_heads, width // block.n_heads, num_blocks, block_size, weight.dtype, weight.device)
+        self.refs = [0] * num_blocks
+        self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self.hash_of: dict[int, int] = {}
+        self.by_hash: dict[int, int] = {}
 
     @property
-    def bytes_per_token(self) -> int:
-        """2 (K and V) x layers x heads x head_dim x bytes per element."""
-        return 2 * self.layers * self.heads * self.head_dim * self.k.element_size()
+    def used(self) -> int:
+        return self.num_blocks - len(self.free)
 
-    @property
-    def allocated_bytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes
+    def take(self) -> int | None:
+        """A free block (forgetting what it cached), or None when every block is in use."""
+        if not self.free:
+            return None
+        block, _ = self.free.popitem(last=False)
+        if block in self.hash_of:
+            del self.by_hash[self.hash_of.pop(block)]
+        self.refs[block] = 1
+        return block
 
-    def blocks_for(self, tokens: int) -> int:
-        return math.ceil(tokens / self.block_size)
+    def share(self, block: int) -> None:
+        if self.refs[block] == 0:
+            del self.free[block]
+        self.refs[block] += 1
 
-    def grow(self, seq: int, tokens: int) -> None:
-        """Make room for ``tokens`` positions of ``seq``, taking free blocks as needed."""
-        table = self.tables.setdefault(seq, [])
-        while len(table) * self.block_size < tokens:
-            if not self.free_blocks:
-                raise MemoryError(f"KV cache full: {self.num_blocks} blocks of {self.block_size} tokens all in use")
-            table.append(self.free_blocks.pop())
+    def release(self, block: int) -> None:
+        self.refs[block] -= 1
+        if self.refs[block] == 0:
+            self.free[block] = None
 
-    def release(self, seq: int) -> None:
-        self.free_blocks.extend(reversed(self.tables.pop(seq, [])))
+    def remember(self, block: int, prefix_hash: int) -> None:
+        if prefix_hash not in self.by_hash:
+            self.by_hash[prefix_hash] = block
+            self.hash_of[block] = prefix_hash
 
-    def slots(self, seq: int, positions: torch.Tensor) -> torch.Tensor:
-        """Pool slots of ``positions`` of ``seq``: block_table[position // block_size] * block_size + position % block_size."""
-        table = torch.tensor(self.tables[seq], device=positions.device)
-        return table[positions // self.block_size] * self.block_size + positions % self.block_size
-
-
-def _heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """(batch, length, width) -> (batch, length, heads, head_dim)."""
-    return x.view(*x.shape[:2], n_heads, x.shape[-1] // n_heads)
-
-
-@torch.no_grad()
-def prefill(model: TransformerLM, cache: PagedKVCache, seq: int, tokens: torch.Tensor) -> torch.Tensor:
-    """Run a whole prompt (1-D tokens) once, writing its keys and values to ``seq``'s blocks; the last position's logits."""
-    length = len(tokens)
-    cache.grow(seq, length)
-    positions = torch.arange(length, device=tokens.device)
-    slots = cache.slots(seq, positions)
-    x = model.tok(tokens[None]) + model.pos(positions)
-    for layer, block in enumerate(model.blocks):
-        q, k, v = (_heads(z, block.n_heads) for z in block.qkv(block.ln1(x)).split(x.shape[-1], dim=2))
-        cache.k[layer, slots], cache.v[layer, slots] = k[0], v[0]
-        attended = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
-        x = x + block.proj(attended.transpose(1, 2).reshape(x.shape))
-        x = x + block.out(block.act(block.fc(block.ln2(x))))
-    return model.head(model.ln(x[:, -1]))[0]
+    def lookup(self, prefix_hash: int) -> int | None:
+        return self.by_hash.get(prefix_hash)
 
 
-@torch.no_grad()
-def decode_step(model: TransformerLM, cache: PagedKVCache, seqs: list[int], tokens: torch.Tensor,
-           positions: torch.Tensor) -> torch.Tensor:
-    """One token for each of ``seqs`` (``tokens`` at ``positions``, 1-D): (batch, vocab) logits of the next one."""
-    for seq, position in zip(seqs, positions.tolist()):
-        cache.grow(seq, position + 1)
-    longest = int(positions.max()) + 1
-    # Each row reads its own positions 0..position through its block table; the rest is padding, masked out.
-    span = torch.arange(longest, device=tokens.device)
-    gather = torch.stack([cache.slots(seq, span.clamp(max=position)) for seq, position in zip(seqs, positions.tolist())])
-    valid = (span[None, :] <= positions[:, None])[:, None, None, :]          # (batch, 1, 1, longest)
-    new_slots = gather[torch.arange(len(seqs)), positions]
-    x = model.tok(tokens[:, None]) + model.pos(positions[:, None])           # (batch, 1, width)
-    for layer, block in enumerate(model.blocks):
-        q, k, v = (_heads(z, block.n_heads) for z in block.qkv(block.ln1(x)).split(x.shape[-1], dim=2))
-        cache.k[layer, new_slots], cache.v[layer, new_slots] = k[:, 0], v[:, 0]
-        keys, values = cache.k[layer][gather], cache.v[layer][gather]           # (batch, longest, heads, head_dim)
-        attended = F.scaled_dot_product_attention(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
-                                                  attn_mask=valid)
-        x = x + block.proj(attended.transpose(1, 2).reshape(x.shape))
-        x = x + block.out(block.act(block.fc(block.ln2(x))))
-    return model.head(model.ln(x[:, 0]))
+def ngram_draft(tokens: list[int], k: int, max_n: int = 3) -> list[int]:
+    """Prompt lookup: find the latest earlier occurrence of the last n tokens (n = max_n..1); propose what followed it."""
+    for n in range(min(max_n, len(tokens) - 1), 0, -1):
+        tail = tokens[-n:]
+        for start in range(len(tokens) - n - 1, -1, -1):
+            if tokens[start:start + n] == tail:
+                return tokens[start + n:start + n + k]
+    return []
 
 
 @dataclass
 class Request:
-    """One generation request and what has become of it (times are ``time.perf_counter()``)."""
+    """One generation request, its state in the engine, and its timeline (``time.perf_counter()`` seconds)."""
 
     id: int
     prompt: list[int]
     max_tokens: int
     temperature: float = 0.0
+    top_p: float = 1.0
     seed: int | None = None
-    on_token: Callable[["Request", int | None], None] | None = None  # called with each token, then None when done
+    on_token: Callable[["Request", int | None], None] | None = None  # each new token, then None when finished
     output: list[int] = field(default_factory=list)
     arrived: float = field(default_factory=time.perf_counter)
     first_token_at: float | None = None
     token_times: list[float] = field(default_factory=list)
     finished_at: float | None = None
+    finish_reason: str | None = None            # "stop" (end of sequence), "length" (max_tokens) or "abort"
+    blocks: list[int] = field(default_factory=list)
+    hashes: list[int] = field(default_factory=list)   # prefix hash of each full block, in order
+    computed: int = 0                           # tokens whose keys and values are in the cache
+    cached_tokens: int = 0                      # of the prompt, found in the prefix cache at admission
+    preemptions: int = 0
     generator: torch.Generator | None = None
 
     @property
+    def tokens(self) -> list[int]:
+        return self.prompt + self.output
+
+    @property
     def done(self) -> bool:
-        return len(self.output) >= self.max_tokens
+        return self.finish_reason is not None
 
 
 def sample(logits: torch.Tensor, request: Request) -> int:
-    """Greedy at temperature 0, else a draw from softmax(logits / temperature) with the request's own generator."""
+    """Greedy at temperature 0; else a draw from softmax(logits / T) cut to the top_p nucleus, seeded per request."""
     if request.temperature <= 0:
         return int(logits.argmax())
     if request.generator is None:
         request.generator = torch.Generator(device=logits.device)
         request.generator.manual_seed(request.seed if request.seed is not None else request.id)
     probs = torch.softmax(logits.float() / request.temperature, dim=-1)
+    if request.top_p < 1.0:
+        sorted_probs, order = probs.sort(descending=True)
+        outside = sorted_probs.cumsum(-1) - sorted_probs >= request.top_p    # tokens after the nucleus is full
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs.masked_fill(outside, 0.0))
     return int(torch.multinomial(probs, 1, generator=request.generator))
 
 
-class Engine:
-    """Requests in, tokens out, one ``step()`` at a time: admit (by scheduler and free KV blocks), prefill, decode."""
+@dataclass
+class EngineStats:
+    """Counters since the engine started (what /metrics reports)."""
 
-    def __init__(self, model: TransformerLM, scheduler: str = "continuous", max_batch: int = 16,
-                 num_blocks: int | None = None, block_size: int = 16):
+    steps: int = 0
+    prompt_tokens: int = 0          # prompt tokens of admitted requests
+    prefill_tokens: int = 0         # tokens run through the model to fill the cache (recomputation included)
+    generated_tokens: int = 0
+    prefix_queries: int = 0         # prompt tokens looked up in the prefix cache
+    prefix_hits: int = 0            # of which found there
+    preemptions: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    finished: dict[str, int] = field(default_factory=dict)
+
+
+class Engine:
+    """Requests in, tokens out, one ``step()`` at a time."""
+
+    def __init__(self, model: Llama, scheduler: str = "continuous", max_batch: int = 16, num_blocks: int = 512,
+                 block_size: int = 16, chunk_size: int | None = 256, prefix_caching: bool = True,
+                 allocation: str = "paged", speculate: int = 0, eos_ids: tuple[int, ...] = (2,)):
         if scheduler not in SCHEDULERS:
             raise ValueError(f"scheduler must be one of {SCHEDULERS}, got {scheduler!r}")
-        self.model, self.scheduler, self.max_batch = model.eval(), scheduler, max_batch
-        self.max_len = model.max_len
-        blocks_per_seq = math.ceil(self.max_len / block_size)
-        self.cache = PagedKVCache.for_model(model, num_blocks or max_batch * blocks_per_seq, block_size)
-        self.device = model.tok.weight.device
+        if allocation not in ALLOCATIONS:
+            raise ValueError(f"allocation must be one of {ALLOCATIONS}, got {allocation!r}")
+        self.model, self.scheduler, self.max_batch, self.allocation = model.eval(), scheduler, max_batch, allocation
+        self.block_size, self.chunk_size, self.prefix_caching = block_size, chunk_size, prefix_caching
+        self.speculate, self.eos_ids = speculate, tuple(eos_ids)
+        config, weight = model.config, model.embed.weight
+        self.context = config.context
+        self.pool = BlockPool(num_blocks)
+        # keys and values of every layer: (layers, slots, kv_heads, head_dim); slot = block * block_size + offset
+        self.k_cache = torch.zeros(config.layers, num_blocks * block_size, config.kv_heads, config.head_dim,
+                                   dtype=weight.dtype, device=weight.device)
+        self.v_cache = torch.zeros_like(self.k_cache)
+        self.device = weight.device
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        self.reserved = 0  # blocks promised to running requests (prompt + max_tokens each)
+        self.inbox: deque[tuple[str, Request]] = deque()    # adds and aborts from other threads, applied at each step
+        self.stats = EngineStats()
         self._ids = itertools.count()
-        self.steps = 0
+
+    # --- requests in -------------------------------------------------------------------------------------------
+    @property
+    def capacity_tokens(self) -> int:
+        return self.pool.num_blocks * self.block_size
 
     def check(self, prompt: list[int], max_tokens: int) -> None:
         """Raise ValueError saying what is wrong with a request this engine cannot serve."""
         if not prompt:
-            raise ValueError("the prompt is empty: give at least one token (one character)")
+            raise ValueError("the prompt is empty: give at least one token")
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
-        if len(prompt) + max_tokens > self.max_len:
-            raise ValueError(f"the prompt ({len(prompt)} tokens) plus max_tokens ({max_tokens}) is longer than the "
-                             f"model's context of {self.max_len} tokens: shorten the prompt or lower max_tokens")
-        if any(not 0 <= t < self.model.vocab_size for t in prompt):
-            raise ValueError(f"prompt tokens must be in 0..{self.model.vocab_size - 1}")
+        if len(prompt) + max_tokens > self.context:
+            raise ValueError(f"the prompt ({len(prompt)} tokens) plus max_tokens ({max_tokens}) is longer than the model's "
+                             f"context of {self.context} tokens: shorten the prompt or lower max_tokens")
+        if len(prompt) + max_tokens > self.capacity_tokens:
+            raise ValueError(f"the prompt ({len(prompt)} tokens) plus max_tokens ({max_tokens}) is more than this server's "
+                             f"KV cache holds ({self.capacity_tokens} tokens): shorten the prompt or lower max_tokens")
+        vocab = self.model.config.vocab_size
+        if any(not 0 <= t < vocab for t in prompt):
+            raise ValueError(f"prompt tokens must be in 0..{vocab - 1}")
 
-    def add(self, prompt: list[int], max_tokens: int, temperature: float = 0.0, seed: int | None = None,
-            on_token: Callable[[Request, int | None], None] | None = None) -> Request:
+    def add(self, prompt: list[int], max_tokens: int, temperature: float = 0.0, top_p: float = 1.0,
+            seed: int | None = None, on_token: Callable[[Request, int | None], None] | None = None) -> Request:
+        """Queue a request (safe from any thread: it joins at the next step)."""
         self.check(prompt, max_tokens)
-        request = Request(next(self._ids), list(prompt), max_tokens, temperature, seed, on_token)
-        self.waiting.append(request)
+        request = Request(next(self._ids), list(prompt), max_tokens, temperature, top_p, seed, on_token)
+        self.inbox.append(("add", request))
         return request
 
+    def abort(self, request: Request) -> None:
+        """Stop a request and free its blocks at the next step (a client that went away)."""
+        self.inbox.append(("abort", request))
+
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.inbox)
 
-    def _admit(self) -> list[Request]:
+    @property
+    def kv_usage(self) -> float:
+        return self.pool.used / self.pool.num_blocks
+
+    # --- blocks ------------------------------------------------------------------------------------------------
+    def _prefix_hash(self, request: Request, index: int) -> int:
+        parent = request.hashes[index - 1] if index else 0
+        start = index * self.block_size
+        return hash((parent, tuple(request.tokens[start:start + self.block_size])))
+
+    def _reuse_prefix(self, request: Request) -> None:
+        """Share the cached blocks of the prompt's longest cached prefix (whole blocks, leaving a token to compute)."""
+        self.stats.prefix_queries += len(request.prompt)
+        for index in range((len(request.tokens) - 1) // self.block_size):
+            prefix_hash = self._prefix_hash(request, index)
+            block = self.pool.lookup(prefix_hash)
+            if block is None:
+                break
+            self.pool.share(block)
+            request.blocks.append(block)
+            request.hashes.append(prefix_hash)
+        request.computed = request.cached_tokens = len(request.blocks) * self.block_size
+        self.stats.prefix_hits += request.cached_tokens
+
+    def _grow(self, request: Request, tokens: int) -> bool:
+        """Blocks for the first ``tokens`` positions of ``request``, taking free ones; False if the pool ran out."""
+        while len(request.blocks) * self.block_size < tokens:
+            block = self.pool.take()
+            if block is None:
+                return False
+            request.blocks.append(block)
+        return True
+
+    def _free(self, request: Request) -> None:
+        for block in reversed(request.blocks):
+            self.pool.release(block)
+        request.blocks, request.hashes = [], []
+
+    def _trim(self, request: Request) -> None:
+        """Give back blocks past the computed tokens (speculated tokens that were rejected)."""
+        keep = math.ceil(request.computed / self.block_size)
+        while len(request.blocks) > keep:
+            self.pool.release(request.blocks.pop())
+
+    def _remember_full_blocks(self, request: Request) -> None:
+        if not self.prefix_caching:
+            return
+        while len(request.hashes) < request.computed // self.block_size:
+            index = len(request.hashes)
+            request.hashes.append(self._prefix_hash(request, index))
+            self.pool.remember(request.blocks[index], request.hashes[-1])
+
+    def _preempt(self, request: Request) -> None:
+        """Recompute-style preemption: free every block; the request waits at the front and is prefilled again."""
+        self.running.remove(request)
+        self._free(request)
+        request.computed = 0
+        request.preemptions += 1
+        self.stats.preemptions += 1
+        self.waiting.appendleft(request)
+
+    # --- scheduling ----------------------------------------------------------------------------------------------
+    def _apply_inbox(self) -> None:
+        while self.inbox:
+            kind, request = self.inbox.popleft()
+            if kind == "add":
+                self.waiting.append(request)
+            elif not request.done:
+                if request in self.running:
+                    self.running.remove(request)
+                elif request in self.waiting:
+                    self.waiting.remove(request)
+                self._finish(request, "abort", time.perf_counter())
+
+    def _admit(self, budget: int) -> None:
         if self.scheduler == "static" and self.running:
-            return []  # request-level batching: nobody joins a batch in flight
-        admitted = []
-        while self.waiting and len(self.running) < self.max_batch:
-            need = self.cache.blocks_for(len(self.waiting[0].prompt) + self.waiting[0].max_tokens)
-            if self.reserved + need > self.cache.num_blocks:
-                break  # not enough KV memory promised-free: it waits
-            request = self.waiting.popleft()
-            self.reserved += need
+            return  # request-level batching: nobody joins a batch in flight
+        while self.waiting and len(self.running) < self.max_batch and budget > 0:
+            request = self.waiting[0]
+            if self.allocation == "reserved" and request.preemptions == 0:
+                need = math.ceil((len(request.prompt) + request.max_tokens) / self.block_size)
+                if len(self.pool.free) < need:
+                    return  # contiguous reservation: the whole answer's room, up front, or wait
+            elif not self.pool.free:
+                return
+            self.waiting.popleft()
+            if self.prefix_caching and request.computed == 0:
+                self._reuse_prefix(request)
+            if self.allocation == "reserved":
+                self._grow(request, len(request.prompt) + request.max_tokens)
+            if request.preemptions == 0:
+                self.stats.prompt_tokens += len(request.prompt)
             self.running.append(request)
-            admitted.append(request)
-        return admitted
+            budget -= len(request.tokens) - request.computed
 
-    def _emit(self, request: Request, token: int, now: float) -> None:
-        request.output.append(token)
-        request.token_times.append(now)
-        if request.first_token_at is None:
-            request.first_token_at = now
-        if request.on_token:
-            request.on_token(request, token)
+    def _plan(self) -> list[tuple[Request, list[int], bool]]:
+        """What this step computes: (request, its new tokens, whether they are drafts to verify)."""
+        budget = self.chunk_size if self.chunk_size else math.inf
+        self._admit(int(min(budget, 1 << 30)))
+        plan: list[tuple[Request, list[int], bool]] = []
+        for request in list(self.running):
+            if request not in self.running:
+                continue  # preempted to make room for an earlier one
+            pending = request.tokens[request.computed:]
+            decoding = len(pending) == 1 and request.output
+            if not decoding:  # a prompt (or a preempted sequence) still filling the cache: a chunk of it
+                take = len(pending) if not self.chunk_size else max(0, min(len(pending), int(budget)))
+                if take == 0:
+                    continue
+                pending = pending[:take]
+            drafts = []
+            if decoding and self.speculate and request.temperature <= 0:
+                room = request.max_tokens - len(request.output) - 1
+                drafts = ngram_draft(request.tokens, min(self.speculate, room)) if room > 0 else []
+            new = pending + drafts
+            while not self._grow(request, request.computed + len(new)):
+                victim = self.running[-1]
+                self._preempt(victim)
+                if victim is request:
+                    break
+            if request not in self.running:
+                continue
+            plan.append((request, new, bool(drafts)))
+            if not decoding:
+                budget -= len(new)
+        return plan
 
-    def _finish(self, request: Request, now: float) -> None:
-        request.finished_at = now
-        self.cache.release(request.id)
-        self.reserved -= self.cache.blocks_for(len(request.prompt) + request.max_tokens)
-        if request.on_token:
-            request.on_token(request, None)
-
+    # --- one step ------------------------------------------------------------------------------------------------
     def step(self) -> int:
-        """One iteration: admit, prefill the admitted, decode the rest by one token; returns tokens produced."""
-        admitted = self._admit()
-        produced = 0
-        for request in admitted:
-            logits = prefill(self.model, self.cache, request.id, torch.tensor(request.prompt, device=self.device))
-            self._emit(request, sample(logits, request), time.perf_counter())
-            produced += 1
-        decoding = [r for r in self.running if r not in admitted and not r.done]
-        if decoding:
-            tokens = torch.tensor([r.output[-1] for r in decoding], device=self.device)
-            positions = torch.tensor([len(r.prompt) + len(r.output) - 1 for r in decoding], device=self.device)
-            logits = decode_step(self.model, self.cache, [r.id for r in decoding], tokens, positions)
-            now = time.perf_counter()
-            for request, row in zip(decoding, logits):
-                self._emit(request, sample(row, request), now)
-            produced += len(decoding)
+        """Admit, plan, run one forward pass, hand out tokens; returns how many tokens requests received."""
+        self._apply_inbox()
+        plan = self._plan()
+        if not plan:
+            return 0
+        sequences = [(r.blocks, r.computed, new) for r, new, _ in plan]
+        verify = {i for i, (_, _, drafted) in enumerate(plan) if drafted}
+        batch = Batch.build(sequences, self.block_size, all_logits=verify, device=self.device)
+        logits = self.model(batch, self.k_cache, self.v_cache)
         now = time.perf_counter()
+        produced, row = 0, 0
+        for i, (request, new, drafted) in enumerate(plan):
+            rows = logits[row:row + (len(new) if i in verify else 1)]
+            row += len(rows)
+            filled = request.computed + len(new)
+            if filled < len(request.tokens):        # a prompt chunk: nothing to say yet
+                request.computed = filled
+                self.stats.prefill_tokens += len(new)
+                self._remember_full_blocks(request)
+                continue
+            if len(new) > 1 and not drafted:
+                self.stats.prefill_tokens += len(new)
+            if drafted:
+                produced += self._accept_drafts(request, new, rows, now)
+            else:
+                request.computed = filled
+                self._remember_full_blocks(request)
+                produced += self._emit(request, sample(rows[-1], request), now)
         for request in [r for r in self.running if r.done]:
             self.running.remove(request)
-            self._finish(request, now)
-        self.steps += 1
+            self._free(request)
+        self.stats.steps += 1
         return produced
+
+    def _accept_drafts(self, request: Request, new: list[int], rows: torch.Tensor, now: float) -> int:
+        """Keep the drafts the model agrees with (greedy), then the model's own next token; roll back the rest."""
+        drafts, choices = new[1:], rows.argmax(-1).tolist()   # choices[i]: the model's token after new[0..i]
+        accepted = 0
+        while accepted < len(drafts) and drafts[accepted] == choices[accepted]:
+            accepted += 1
+        self.stats.draft_tokens += len(drafts)
+        self.stats.accepted_tokens += accepted
+        request.computed += 1 + accepted              # the last token and the accepted drafts have their keys cached
+        self._trim(request)                           # rejected drafts' keys and values: their blocks go back
+        self._remember_full_blocks(request)
+        produced = 0
+        for token in choices[:accepted + 1]:
+            if request.done:
+                break
+            produced += self._emit(request, token, now)
+        return produced
+
+    def _emit(self, request: Request, token: int, now: float) -> int:
+        request.output.append(token)
+        request.token_times.append(now)
+        request.first_token_at = request.first_token_at or now
+        self.stats.generated_tokens += 1
+        if request.on_token:
+            request.on_token(request, token)
+        if token in self.eos_ids:
+            self._finish(request, "stop", now)
+        elif len(request.output) >= request.max_tokens:
+            self._finish(request, "length", now)
+        return 1
+
+    def _finish(self, request: Request, reason: str, now: float) -> None:
+        request.finish_reason, request.finished_at = reason, now
+        self.stats.finished[reason] = self.stats.finished.get(reason, 0) + 1
+        if request not in self.running:
+            self._free(request)
+        if request.on_token:
+            request.on_token(request, None)
 
     def generate(self, prompts: list[list[int]], max_tokens: int | list[int], temperature: float = 0.0) -> list[list[int]]:
         """Offline use: run ``prompts`` to completion together; their outputs in order."""
@@ -262,7 +426,7 @@ class Engine:
 
 
 class AsyncEngine:
-    """An ``Engine`` stepping in its own thread while there is work; asyncio code awaits tokens from it."""
+    """An ``Engine`` stepping in its own thread while there is work; asyncio code awaits its tokens."""
 
     def __init__(self, engine: Engine):
         self.engine = engine
@@ -273,26 +437,34 @@ class AsyncEngine:
 
     def _loop(self) -> None:
         while not self._stopped:
-            busy = self.engine.has_work()
-            if busy:
+            if self.engine.has_work():
                 self.engine.step()
-            if not busy:
+            else:
                 self._wake.wait(0.5)
                 self._wake.clear()
 
-    async def generate(self, prompt: list[int], max_tokens: int, temperature: float = 0.0,
-                       seed: int | None = None) -> AsyncIterator[int]:
-        """The request's tokens as they are produced (ValueError at once for a request the engine cannot serve)."""
+    async def generate(self, prompt: list[int], max_tokens: int, temperature: float = 0.0, top_p: float = 1.0,
+                       seed: int | None = None, on_request: Callable[[Request], None] | None = None
+                       ) -> AsyncIterator[int]:
+        """The request's tokens as they come (ValueError at once for a request the engine cannot serve). Closing the
+        iterator early (a client that disconnected, a stop string) aborts the request and frees its blocks."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
 
         def on_token(request: Request, token: int | None) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, token)
 
-        self.engine.add(prompt, max_tokens, temperature, seed, on_token)  # a deque append: safe beside the stepping thread
+        request = self.engine.add(prompt, max_tokens, temperature, top_p, seed, on_token)
+        if on_request:
+            on_request(request)
         self._wake.set()
-        while (token := await queue.get()) is not None:
-            yield token
+        try:
+            while (token := await queue.get()) is not None:
+                yield token
+        finally:
+            if not request.done:
+                self.engine.abort(request)
+                self._wake.set()
 
     def stop(self) -> None:
         self._stopped = True
