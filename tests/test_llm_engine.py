@@ -213,3 +213,27 @@ def test_the_async_engine_streams_and_a_closed_stream_frees_its_blocks(model, pr
         assert runner.engine.pool.used == 0 and runner.engine.stats.finished.get("abort") == 1
     finally:
         runner.stop()
+
+
+@pytest.mark.slow
+def test_a_failed_step_ends_the_requests_in_flight_and_the_engine_serves_on(model, prompts, alone):
+    engine = Engine(model)
+    runner = AsyncEngine(engine)
+    forward = engine.model.forward
+
+    def broken(*args):
+        engine.model.forward = forward                   # fails once
+        raise RuntimeError("a kernel failed")
+
+    async def two_requests():
+        engine.model.forward = broken
+        first = [t async for t in runner.generate(prompts[0], NEW)]
+        second = [t async for t in runner.generate(prompts[0], NEW)]
+        return first, second
+
+    try:
+        first, second = asyncio.run(two_requests())
+        assert first == [] and second == alone[0] and runner.alive
+        assert engine.stats.finished.get("abort") == 1 and engine.pool.used == 0
+    finally:
+        runner.stop()

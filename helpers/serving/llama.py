@@ -47,46 +47,55 @@ def rotary(x, cos, sin):
 
 
 @dataclass
+class Group:
+    """Sequences of a batch with the same number Q of new tokens, whose attention runs as one call."""
+
+    read_slots: torch.Tensor    # (B, L) slots of each sequence's keys, positions 0..L-1 (padding reads slot 0)
+    query_rows: torch.Tensor    # (B, Q) row in the batch's tokens of each sequence's q-th new token
+    mask: torch.Tensor          # (B, 1, Q, L) True where that query may attend to that key
+
+
+@dataclass
 class Batch:
-    """One forward pass: B sequences, each with some new tokens after the keys and values its cache already holds."""
+    """One forward pass: sequences, each with some new tokens after the keys and values its cache already holds.
+
+    Decoding sequences (one new token each) form one group; a prompt chunk or a run of drafts its own: no sequence
+    is padded to another's number of new tokens."""
 
     tokens: torch.Tensor        # (T,) the new tokens of every sequence, end to end
     positions: torch.Tensor     # (T,) each one's position in its own sequence
     write_slots: torch.Tensor   # (T,) pool slot each one's key and value go to
-    read_slots: torch.Tensor    # (B, L) slots of every sequence's keys, positions 0..L-1 (padding reads slot 0)
-    query_rows: torch.Tensor    # (B, Q) row in `tokens` of each sequence's q-th new token (padding repeats a row)
-    mask: torch.Tensor          # (B, 1, Q, L) True where that query may attend to that key
-    out_rows: torch.Tensor      # (T,) row of each new token in the (B * Q) attention output
+    groups: list[Group]
     logit_rows: torch.Tensor    # rows of `tokens` whose next-token logits are wanted
 
     @classmethod
     def build(cls, sequences, block_size, all_logits=(), device="cpu"):
         """``sequences``: (block table, tokens already cached, new tokens) each; ``all_logits``: indices of sequences
         that want logits at every new token (speculative verification), the rest at their last new token only."""
-        tokens, positions, write, reads, rows, logit_rows = [], [], [], [], [], []
-        longest = max(start + len(new) for _, start, new in sequences)
-        widest = max(len(new) for _, _, new in sequences)
-        mask = torch.zeros(len(sequences), 1, widest, longest, dtype=torch.bool)
+        tokens, positions, write, logit_rows, by_width = [], [], [], [], {}
         for b, (table, start, new) in enumerate(sequences):
             span = torch.arange(start + len(new))
             slots = torch.tensor(table)[span // block_size] * block_size + span % block_size   # the block table at work
-            first = len(tokens)
+            rows = list(range(len(tokens), len(tokens) + len(new)))
             tokens += new
             positions += range(start, start + len(new))
             write += slots[start:].tolist()
-            reads.append(F.pad(slots, (0, longest - len(span))))
-            rows.append([first + min(q, len(new) - 1) for q in range(widest)])
-            for q in range(len(new)):
-                mask[b, 0, q, : start + q + 1] = True                   # causal: itself and everything before it
-            wanted = range(len(new)) if b in all_logits else [len(new) - 1]
-            logit_rows += [first + q for q in wanted]
-        out_rows = [b * widest + q for b, (_, _, new) in enumerate(sequences) for q in range(len(new))]
+            logit_rows += rows if b in all_logits else rows[-1:]
+            by_width.setdefault(len(new), []).append((slots, start, rows))
+        groups = []
+        for width, members in by_width.items():
+            longest = max(len(slots) for slots, _, _ in members)
+            starts = torch.tensor([start for _, start, _ in members])
+            query_at = starts[:, None] + torch.arange(width)            # (B, Q) position of each new token
+            mask = torch.arange(longest) <= query_at[:, None, :, None]   # (B, 1, Q, L) causal: itself and before it
+            reads = torch.stack([F.pad(slots, (0, longest - len(slots))) for slots, _, _ in members])   # (B, L)
+            groups.append(Group(reads.to(device), torch.tensor([rows for _, _, rows in members], device=device),
+                                mask.to(device)))
 
         def tensor(values):
             return torch.tensor(values, device=device)
 
-        return cls(tensor(tokens), tensor(positions), tensor(write), torch.stack(reads).to(device), tensor(rows),
-                   mask.to(device), tensor(out_rows), tensor(logit_rows))
+        return cls(tensor(tokens), tensor(positions), tensor(write), groups, tensor(logit_rows))
 
 
 class Attention(nn.Module):
@@ -104,13 +113,16 @@ class Attention(nn.Module):
         T = x.shape[0]
         q = rotary(self.q(x).view(T, self.heads, self.head_dim), *rope)      # (T, heads, head_dim)
         k = rotary(self.k(x).view(T, self.kv_heads, self.head_dim), *rope)   # (T, kv_heads, head_dim)
-        v = self.v(x).view(T, self.kv_heads, self.head_dim)                                        # (T, kv_heads, head_dim)
+        v = self.v(x).view(T, self.kv_heads, self.head_dim)                  # (T, kv_heads, head_dim)
         k_pool[batch.write_slots], v_pool[batch.write_slots] = k, v    # into the pool, where the block tables say
-        keys = k_pool[batch.read_slots].transpose(1, 2)                # (B, kv_heads, L, head_dim)
-        values = v_pool[batch.read_slots].transpose(1, 2)              # (B, kv_heads, L, head_dim)
-        queries = q[batch.query_rows].transpose(1, 2)                  # (B, heads, Q, head_dim)
-        out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=batch.mask, enable_gqa=True)
-        out = out.transpose(1, 2).reshape(-1, self.heads * self.head_dim)[batch.out_rows]       # (T, heads * head_dim)
+        out = torch.empty_like(q)                                      # (T, heads, head_dim)
+        for group in batch.groups:
+            keys = k_pool[group.read_slots].transpose(1, 2)            # (B, kv_heads, L, head_dim)
+            values = v_pool[group.read_slots].transpose(1, 2)          # (B, kv_heads, L, head_dim)
+            queries = q[group.query_rows].transpose(1, 2)              # (B, heads, Q, head_dim)
+            attended = F.scaled_dot_product_attention(queries, keys, values, attn_mask=group.mask, enable_gqa=True)
+            out[group.query_rows] = attended.transpose(1, 2)           # (B, Q, heads, head_dim) back to their rows
+        out = out.view(T, self.heads * self.head_dim)                  # (T, heads * head_dim)
         return self.o(out)
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import math
 import threading
 import time
@@ -211,6 +212,18 @@ class Engine:
         """Stop a request and free its blocks at the next step (a client that went away)."""
         self.inbox.append(("abort", request))
 
+    def abort_all(self) -> None:
+        """End every request, queued or running, as aborted and free every block (after a failed step)."""
+        now = time.perf_counter()
+        pending = [r for kind, r in self.inbox if kind == "add"] + list(self.waiting) + list(self.running)
+        self.inbox.clear()
+        self.waiting.clear()
+        self.running.clear()
+        for request in pending:
+            if not request.done:
+                self._finish(request, "abort", now)
+            self._free(request)
+
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.inbox)
 
@@ -357,14 +370,14 @@ class Engine:
         for i, (request, new, drafted) in enumerate(plan):
             rows = logits[row:row + (len(new) if i in verify else 1)]
             row += len(rows)
+            decoding = bool(request.output) and request.computed == len(request.tokens) - 1
+            if not decoding:                        # a prompt, or a preempted sequence, filling the cache
+                self.stats.prefill_tokens += len(new)
             filled = request.computed + len(new)
             if filled < len(request.tokens):        # a prompt chunk: nothing to say yet
                 request.computed = filled
-                self.stats.prefill_tokens += len(new)
                 self._remember_full_blocks(request)
                 continue
-            if len(new) > 1 and not drafted:
-                self.stats.prefill_tokens += len(new)
             if drafted:
                 produced += self._accept_drafts(request, new, rows, now)
             else:
@@ -435,10 +448,19 @@ class AsyncEngine:
         self._thread = threading.Thread(target=self._loop, name="llm-engine", daemon=True)
         self._thread.start()
 
+    @property
+    def alive(self) -> bool:
+        """Whether the stepping thread runs (what a health check reports)."""
+        return self._thread.is_alive() and not self._stopped
+
     def _loop(self) -> None:
         while not self._stopped:
             if self.engine.has_work():
-                self.engine.step()
+                try:
+                    self.engine.step()
+                except Exception:  # one failed step must not hang every client: end what is in flight, keep serving
+                    logging.getLogger(__name__).exception("engine step failed: aborting the requests in flight")
+                    self.engine.abort_all()
             else:
                 self._wake.wait(0.5)
                 self._wake.clear()
