@@ -29,7 +29,7 @@ SHARED = [  # (notebook under lectures/, module file, names defined in both)
     # the engine, make serve-llm and the benchmarks import the modules' copy of the model and the engine's pieces
     ("08-deploying-ml/08b-serving-language-models.ipynb", "helpers/serving/llama.py",
      ["RMSNorm", "rotary_angles", "rotary", "Group", "Batch", "Attention", "SwiGLU", "DecoderLayer", "Llama"]),
-    ("08-deploying-ml/08b-serving-language-models.ipynb", "helpers/serving/llm_engine.py", ["BlockPool", "ngram_draft"]),
+    ("08-deploying-ml/08b-serving-language-models.ipynb", "helpers/serving/llm_engine.py", ["BlockPool", "ngram_draft", "admit", "accept_drafts"]),
 ]
 
 

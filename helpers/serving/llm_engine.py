@@ -152,6 +152,51 @@ class EngineStats:
     finished: dict[str, int] = field(default_factory=dict)
 
 
+def admit(engine, budget):
+    """Move waiting requests into the running batch, first come first served, while the batch, the step's prompt-token
+    budget and the KV pool allow. Static batching admits only into an idle engine; paging needs one free block to
+    start, reservation the blocks of the whole prompt + max_tokens."""
+    if engine.scheduler == "static" and engine.running:
+        return  # request-level batching: nobody joins a batch in flight
+    while engine.waiting and len(engine.running) < engine.max_batch and budget > 0:
+        request = engine.waiting[0]
+        if engine.allocation == "reserved" and request.preemptions == 0:
+            need = math.ceil((len(request.prompt) + request.max_tokens) / engine.block_size)
+            if len(engine.pool.free) < need:
+                return  # contiguous reservation: the whole answer's room, up front, or wait
+        elif not engine.pool.free:
+            return
+        engine.waiting.popleft()
+        if engine.prefix_caching and request.computed == 0:
+            engine.reuse_prefix(request)              # share the blocks of a prefix computed before
+        if engine.allocation == "reserved":
+            engine.grow(request, len(request.prompt) + request.max_tokens)
+        if request.preemptions == 0:
+            engine.stats.prompt_tokens += len(request.prompt)
+        engine.running.append(request)
+        budget -= len(request.tokens) - request.computed
+
+
+def accept_drafts(engine, request, new, rows, now):
+    """Verify drafts (greedy): keep those the model agrees with, then the model's own next token; roll back the rest.
+    ``new`` is the last token and the drafts; ``rows`` the logits after each of them, one forward pass."""
+    drafts, choices = new[1:], rows.argmax(-1).tolist()   # choices[i]: the model's token after new[0..i]
+    accepted = 0
+    while accepted < len(drafts) and drafts[accepted] == choices[accepted]:
+        accepted += 1
+    engine.stats.draft_tokens += len(drafts)
+    engine.stats.accepted_tokens += accepted
+    request.computed += 1 + accepted              # the last token and the accepted drafts have their keys cached
+    engine.trim(request)                          # rejected drafts' keys and values: their blocks go back
+    engine.remember_full_blocks(request)
+    produced = 0
+    for token in choices[:accepted + 1]:
+        if request.done:
+            break
+        produced += engine.emit(request, token, now)
+    return produced
+
+
 class Engine:
     """Requests in, tokens out, one ``step()`` at a time."""
 
@@ -237,7 +282,7 @@ class Engine:
         start = index * self.block_size
         return hash((parent, tuple(request.tokens[start:start + self.block_size])))
 
-    def _reuse_prefix(self, request: Request) -> None:
+    def reuse_prefix(self, request: Request) -> None:
         """Share the cached blocks of the prompt's longest cached prefix (whole blocks, leaving a token to compute)."""
         self.stats.prefix_queries += len(request.prompt)
         for index in range((len(request.tokens) - 1) // self.block_size):
@@ -251,7 +296,7 @@ class Engine:
         request.computed = request.cached_tokens = len(request.blocks) * self.block_size
         self.stats.prefix_hits += request.cached_tokens
 
-    def _grow(self, request: Request, tokens: int) -> bool:
+    def grow(self, request: Request, tokens: int) -> bool:
         """Blocks for the first ``tokens`` positions of ``request``, taking free ones; False if the pool ran out."""
         while len(request.blocks) * self.block_size < tokens:
             block = self.pool.take()
@@ -265,13 +310,13 @@ class Engine:
             self.pool.release(block)
         request.blocks, request.hashes = [], []
 
-    def _trim(self, request: Request) -> None:
+    def trim(self, request: Request) -> None:
         """Give back blocks past the computed tokens (speculated tokens that were rejected)."""
         keep = math.ceil(request.computed / self.block_size)
         while len(request.blocks) > keep:
             self.pool.release(request.blocks.pop())
 
-    def _remember_full_blocks(self, request: Request) -> None:
+    def remember_full_blocks(self, request: Request) -> None:
         if not self.prefix_caching:
             return
         while len(request.hashes) < request.computed // self.block_size:
@@ -301,31 +346,10 @@ class Engine:
                     self.waiting.remove(request)
                 self._finish(request, "abort", time.perf_counter())
 
-    def _admit(self, budget: int) -> None:
-        if self.scheduler == "static" and self.running:
-            return  # request-level batching: nobody joins a batch in flight
-        while self.waiting and len(self.running) < self.max_batch and budget > 0:
-            request = self.waiting[0]
-            if self.allocation == "reserved" and request.preemptions == 0:
-                need = math.ceil((len(request.prompt) + request.max_tokens) / self.block_size)
-                if len(self.pool.free) < need:
-                    return  # contiguous reservation: the whole answer's room, up front, or wait
-            elif not self.pool.free:
-                return
-            self.waiting.popleft()
-            if self.prefix_caching and request.computed == 0:
-                self._reuse_prefix(request)
-            if self.allocation == "reserved":
-                self._grow(request, len(request.prompt) + request.max_tokens)
-            if request.preemptions == 0:
-                self.stats.prompt_tokens += len(request.prompt)
-            self.running.append(request)
-            budget -= len(request.tokens) - request.computed
-
     def _plan(self) -> list[tuple[Request, list[int], bool]]:
         """What this step computes: (request, its new tokens, whether they are drafts to verify)."""
         budget = self.chunk_size if self.chunk_size else math.inf
-        self._admit(int(min(budget, 1 << 30)))
+        admit(self, int(min(budget, 1 << 30)))
         plan: list[tuple[Request, list[int], bool]] = []
         for request in list(self.running):
             if request not in self.running:
@@ -342,7 +366,7 @@ class Engine:
                 room = request.max_tokens - len(request.output) - 1
                 drafts = ngram_draft(request.tokens, min(self.speculate, room)) if room > 0 else []
             new = pending + drafts
-            while not self._grow(request, request.computed + len(new)):
+            while not self.grow(request, request.computed + len(new)):
                 victim = self.running[-1]
                 self._preempt(victim)
                 if victim is request:
@@ -376,39 +400,21 @@ class Engine:
             filled = request.computed + len(new)
             if filled < len(request.tokens):        # a prompt chunk: nothing to say yet
                 request.computed = filled
-                self._remember_full_blocks(request)
+                self.remember_full_blocks(request)
                 continue
             if drafted:
-                produced += self._accept_drafts(request, new, rows, now)
+                produced += accept_drafts(self, request, new, rows, now)
             else:
                 request.computed = filled
-                self._remember_full_blocks(request)
-                produced += self._emit(request, sample(rows[-1], request), now)
+                self.remember_full_blocks(request)
+                produced += self.emit(request, sample(rows[-1], request), now)
         for request in [r for r in self.running if r.done]:
             self.running.remove(request)
             self._free(request)
         self.stats.steps += 1
         return produced
 
-    def _accept_drafts(self, request: Request, new: list[int], rows: torch.Tensor, now: float) -> int:
-        """Keep the drafts the model agrees with (greedy), then the model's own next token; roll back the rest."""
-        drafts, choices = new[1:], rows.argmax(-1).tolist()   # choices[i]: the model's token after new[0..i]
-        accepted = 0
-        while accepted < len(drafts) and drafts[accepted] == choices[accepted]:
-            accepted += 1
-        self.stats.draft_tokens += len(drafts)
-        self.stats.accepted_tokens += accepted
-        request.computed += 1 + accepted              # the last token and the accepted drafts have their keys cached
-        self._trim(request)                           # rejected drafts' keys and values: their blocks go back
-        self._remember_full_blocks(request)
-        produced = 0
-        for token in choices[:accepted + 1]:
-            if request.done:
-                break
-            produced += self._emit(request, token, now)
-        return produced
-
-    def _emit(self, request: Request, token: int, now: float) -> int:
+    def emit(self, request: Request, token: int, now: float) -> int:
         request.output.append(token)
         request.token_times.append(now)
         request.first_token_at = request.first_token_at or now
