@@ -152,13 +152,13 @@ def test_every_system_gives_the_same_greedy_answers_under_the_same_arrivals():
     """A tiny bench: the kit's engine (continuous, static) and transformers' static batches serve the same requests."""
     import torch
 
-    from helpers.serving.llama import load_model
+    from helpers.serving.llama import load_llm
     from helpers.serving.llm_bench import EngineServer, StaticBatchServer, chat_prompts
     from helpers.serving.llm_engine import Engine
     from helpers.serving.smollm import load_tokenizer
     from tests.bench.bench_llm import load_reference
 
-    model, tokenizer = load_model(), load_tokenizer()
+    model, tokenizer = load_llm(), load_tokenizer()
     work = chat_workload(chat_prompts(tokenizer)[:4], 5, rate=20.0, max_tokens=(4, 12))
     servers = {"continuous": EngineServer(Engine(model, max_batch=4)),
                "static": EngineServer(Engine(model, scheduler="static", max_batch=4)),

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from helpers.serving.llama import load_model
+from helpers.serving.llama import load_llm
 from helpers.serving.llm_engine import AsyncEngine, BlockPool, Engine, Request, ngram_draft, sample
 from helpers.serving.smollm import load_tokenizer
 
@@ -60,7 +60,7 @@ def test_sampling_is_greedy_at_zero_and_seeded_otherwise():
 # --- the engine over the real model -------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def model():
-    return load_model()
+    return load_llm()
 
 
 @pytest.fixture(scope="module")

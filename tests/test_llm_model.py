@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from helpers.serving import smollm
-from helpers.serving.llama import Batch, load_model
+from helpers.serving.llama import Batch, load_llm
 from helpers.serving.llm_engine import Engine
 
 CHATS = [
@@ -28,7 +28,7 @@ NEW_TOKENS = 64
 
 @pytest.fixture(scope="module")
 def model():
-    return load_model()
+    return load_llm()
 
 
 @pytest.fixture(scope="module")
@@ -142,7 +142,7 @@ def test_a_missing_model_package_says_how_to_install_it(monkeypatch):
 @pytest.mark.slow  # writes the bf16 cache (about 10 s the first time)
 def test_the_gpu_dtype_loads_and_agrees_with_fp32(model, tokenizer):
     """A GPU runs bf16 weights: the same code in bf16 (here on the CPU) picks the fp32 model's next token."""
-    half = load_model(dtype=torch.bfloat16)
+    half = load_llm(dtype=torch.bfloat16)
     assert half.embed.weight.dtype == torch.bfloat16
     ids = tokenizer.encode_chat([{"role": "user", "content": "What is a GPU?"}])
     assert Engine(half).generate([ids], 4)[0][:2] == Engine(model).generate([ids], 4)[0][:2]

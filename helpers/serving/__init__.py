@@ -14,9 +14,9 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     ".export": ["file_sizes_and_accuracy", "parity"],
     ".runtimes": ["runtime_latency"],
     ".compression": ["compression_table"],
-    ".smollm": ["ChatTokenizer", "LlamaConfig", "ModelFileError", "load_tokenizer"],
-    ".llama": ["Batch", "Llama"],  # and load_model, imported from helpers.serving.llama (.model has its own)
-    ".llm_engine": ["AsyncEngine", "BlockPool", "Engine", "Request", "ngram_draft"],
+    ".smollm": ["ChatTokenizer", "LlamaConfig", "ModelFileError", "cached_weights", "load_tokenizer"],
+    ".llama": ["Batch", "Llama", "load_llm"],
+    ".llm_engine": ["AsyncEngine", "BlockPool", "Engine", "Request", "ngram_draft", "use_definitions"],
     ".llm_server": ["CompletionsSender", "create_llm_app", "start_llm_service"],
     ".open_loop": ["HttpSender", "OpenLoopReport", "closed_loop_test", "open_loop_test", "poisson_schedule"],
     ".load": ["LoadReport", "RequestBreakdown", "load_test", "read_metrics", "request_breakdown"],

@@ -171,7 +171,7 @@ class Llama(nn.Module):
         return F.linear(self.norm(x[batch.logit_rows]), self.embed.weight)   # (wanted rows, vocab)
 
 
-def load_model(device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> Llama:
+def load_llm(device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> Llama:
     """SmolLM2-135M-Instruct on ``device`` (fp32 on a CPU, bf16 on a GPU unless ``dtype`` says), from the kit's cache."""
     device = torch.device(device)
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)

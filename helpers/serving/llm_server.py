@@ -498,7 +498,7 @@ def main(argv: list[str] | None = None) -> None:
     import prometheus_client
     import uvicorn
 
-    from helpers.serving.llama import load_model
+    from helpers.serving.llama import load_llm
     from helpers.serving.smollm import gguf_path, load_tokenizer
 
     args = parse_args(argv)
@@ -506,7 +506,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model, tokenizer = load_model(device), load_tokenizer()
+    model, tokenizer = load_llm(device), load_tokenizer()
     engine = Engine(model, args.scheduler, args.max_batch, num_blocks=args.num_blocks, chunk_size=args.chunk_size or None,
                     prefix_caching=not args.no_prefix_caching, speculate=args.speculate, eos_ids=(tokenizer.eos_id,))
     app = create_llm_app(engine, tokenizer, MODEL_ID, args.max_waiting)

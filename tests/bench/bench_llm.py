@@ -18,7 +18,7 @@ import torch
 from helpers.core.device import dtype_name, pick_device
 from helpers.core.load import OtherLoad, record, take_load_note
 from helpers.serving import llama as llama_module
-from helpers.serving.llama import load_model
+from helpers.serving.llama import load_llm
 from helpers.serving.llm_bench import (
     QUESTIONS,
     SLO,
@@ -107,7 +107,7 @@ def load_setup() -> Setup:
     device = pick_device()
     threads = torch.get_num_threads()
     llm, note = load_llama_cpp(gguf_path(), threads)
-    return Setup(device, threads, load_model(device), load_tokenizer(), load_reference(device), llm, note)
+    return Setup(device, threads, load_llm(device), load_tokenizer(), load_reference(device), llm, note)
 
 
 def timed(section):
