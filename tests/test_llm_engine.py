@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from helpers.serving.llama import load_llm
-from helpers.serving.llm_engine import AsyncEngine, BlockPool, Engine, Request, ngram_draft, sample
+from helpers.serving.llm_engine import AsyncEngine, BlockPool, Engine, Request, ngram_draft, sample, use_definitions
 from helpers.serving.smollm import load_tokenizer
 
 QUESTIONS = ["What is a GPU?", "Write a haiku about caches.", "List three prime numbers.",
@@ -237,3 +237,19 @@ def test_a_failed_step_ends_the_requests_in_flight_and_the_engine_serves_on(mode
         assert engine.stats.finished.get("abort") == 1 and engine.pool.used == 0
     finally:
         runner.stop()
+
+
+def test_a_lectures_cells_replace_the_engines_definitions_by_name_only():
+    from helpers.serving import llm_engine
+
+    def lecture_draft(tokens, k, max_n=3):
+        return []
+
+    original = llm_engine.ngram_draft
+    try:
+        use_definitions(ngram_draft=lecture_draft)
+        assert llm_engine.ngram_draft is lecture_draft           # what Engine._plan calls from now on
+    finally:
+        use_definitions(ngram_draft=original)
+    with pytest.raises(ValueError, match="no replaceable definition named \\['schedule'\\]"):
+        use_definitions(schedule=len)
