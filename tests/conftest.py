@@ -95,3 +95,17 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     reason = reason.removeprefix("Skipped: ")
     terminalreporter.write_sep("=", f"browser checks skipped ({len(skipped)}): {reason}; make browser-tool installs Chromium where it can",
                                yellow=True)
+
+
+@pytest.fixture(scope="session")
+def smollm_reference():
+    """transformers over SmolLM2's GGUF file, fp32 on the CPU: (model, tokenizer), the reference the kit's LLM code is
+    checked against, loaded once for every module that needs it (about 20 s)."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from helpers.serving.smollm import gguf_path
+    from tests.bench.bench_llm import load_reference
+
+    path = gguf_path()
+    return load_reference(torch.device("cpu")), AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)

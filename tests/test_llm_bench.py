@@ -148,21 +148,18 @@ def test_a_server_error_reaches_its_clients_and_the_run_goes_on():
 
 
 @pytest.mark.slow
-def test_every_system_gives_the_same_greedy_answers_under_the_same_arrivals():
+def test_every_system_gives_the_same_greedy_answers_under_the_same_arrivals(smollm_reference):
     """A tiny bench: the kit's engine (continuous, static) and transformers' static batches serve the same requests."""
-    import torch
-
     from helpers.serving.llama import load_llm
     from helpers.serving.llm_bench import EngineServer, StaticBatchServer, chat_prompts
     from helpers.serving.llm_engine import Engine
     from helpers.serving.smollm import load_tokenizer
-    from tests.bench.bench_llm import load_reference
 
     model, tokenizer = load_llm(), load_tokenizer()
     work = chat_workload(chat_prompts(tokenizer)[:4], 5, rate=20.0, max_tokens=(4, 12))
     servers = {"continuous": EngineServer(Engine(model, max_batch=4)),
                "static": EngineServer(Engine(model, scheduler="static", max_batch=4)),
-               "transformers B=2": StaticBatchServer(load_reference(torch.device("cpu")), 2)}
+               "transformers B=2": StaticBatchServer(smollm_reference[0], 2)}
     answers = {}
     for name, server in servers.items():
         try:

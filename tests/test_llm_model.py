@@ -37,13 +37,9 @@ def tokenizer():
 
 
 @pytest.fixture(scope="module")
-def reference():
-    """transformers on the same GGUF file: the reference the kit's code is checked against (tests and benchmarks only)."""
-    from transformers import AutoModelForCausalLM
-
-    path = smollm.gguf_path()
-    hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
-    return hf, reference_tokenizer_for(path)
+def reference(smollm_reference):
+    """transformers on the same GGUF file (tests/conftest.py): the reference the kit's code is checked against."""
+    return smollm_reference
 
 
 def reference_tokenizer_for(path):

@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from helpers.serving import CompletionsSender, open_loop_test, read_metrics, start_llm_service
 from helpers.serving.llm_server import DEFAULT_MAX_TOKENS, TextStream
-from helpers.serving.smollm import MODEL_ID, gguf_path, load_tokenizer
+from helpers.serving.smollm import MODEL_ID, load_tokenizer
 
 CHATS = [  # different kinds: a factual question, a system prompt with an instruction, a multi-turn conversation
     [{"role": "user", "content": "What is the capital of France?"}],
@@ -70,15 +70,12 @@ def client(server):
 
 
 @pytest.fixture(scope="module")
-def reference():
-    """transformers over the same GGUF file: the model and tokenizer the server's greedy answers must match."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    path = gguf_path()
-    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+def reference(smollm_reference):
+    """transformers over the same GGUF file (tests/conftest.py): the model and tokenizer the server's greedy answers must
+    match, run on one thread here."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)   # two threads beside a busy server and other work run many times slower on 2 cores
-    yield model, AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    yield smollm_reference
     torch.set_num_threads(threads)
 
 
