@@ -224,3 +224,12 @@ def test_kernels_written_after_triton_for_run_in_process_on_a_cpu(tmp_path):
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "interpreter" in done.stdout and done.stdout.strip().endswith("ok")
+
+
+def test_an_interpreter_failure_from_the_installed_versions_says_which_and_what_to_do():
+    """The GPU image (Triton 3.6, NumPy 2.5) failed the interpreter with a bare TypeError inside Triton."""
+    from helpers.hardware.kernels import interpreter_hint
+
+    hint = interpreter_hint("TypeError: only 0-dimensional arrays can be converted to Python scalars")
+    assert hint and "NumPy" in hint and "Triton 3.8" in hint and "numpy<2.5" in hint
+    assert interpreter_hint("IndexError: out of range") is None  # a kernel's own bug is not blamed on the versions

@@ -9,6 +9,7 @@ is estimated separately, each with its basis, and shown as its own line.
 from __future__ import annotations
 
 import copy
+import os
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -29,6 +30,8 @@ FIGURE_SIZE = (14, 4.8)  # the case study's two charts side by side
 
 PRECISIONS = ("fp32", "amp", "fp16")
 ASSUMED_CONTEXT_BYTES = 300 * 2**20
+# More than any CUDA context takes (0.3-1 GiB with lazy module loading): memory beyond it belongs to other processes.
+PLAUSIBLE_CONTEXT_BYTES = 2 * 2**30
 # The two towers on two fake devices: cpu:0 and cpu:1 stand in for the paper's two GPUs.
 TOWER_DEVICES = {"towers.0": "cpu:0", "towers.1": "cpu:1"}
 GPU_NAMES = {"cpu:0": "GPU 0", "cpu:1": "GPU 1"}
@@ -65,14 +68,40 @@ class Overhead:
 
 
 def cuda_context_bytes() -> tuple[int, str]:
-    """The CUDA context's size: measured on this machine's GPU when there is one, else the kit's stated assumption."""
-    if gpu_available():
-        torch.cuda.init()
-        free, total = torch.cuda.mem_get_info()
-        used = total - free - torch.cuda.memory_reserved()
-        return max(used, 0), f"measured on {torch.cuda.get_device_name()}: total - free - reserved (includes other processes on it)"
-    return ASSUMED_CONTEXT_BYTES, ("assumed: PyTorch 2 with CUDA 12 and lazy module loading typically takes 250-500 MiB; "
-                                   "not measured here (no GPU)")
+    """The CUDA context's size: measured on this machine's GPU when there is one, else the kit's stated assumption.
+
+    The measurement is this process's memory on the GPU as NVML reports it, less what PyTorch reserved; where NVML
+    cannot say, the card's used memory less PyTorch's reservation, unless that is more than a context takes (other
+    processes share the GPU), in which case the assumption stands, with the figure that ruled the measurement out.
+    """
+    assumption = "assumed: PyTorch 2 with CUDA 12 and lazy module loading typically takes 250-500 MiB"
+    if not gpu_available():
+        return ASSUMED_CONTEXT_BYTES, f"{assumption}; not measured here (no GPU)"
+    torch.cuda.init()
+    name, reserved = torch.cuda.get_device_name(), torch.cuda.memory_reserved()
+    own = _own_gpu_bytes()
+    if own is not None:
+        return max(own - reserved, 0), f"measured on {name}: this process's memory on the GPU (NVML) less what PyTorch reserved"
+    free, total = torch.cuda.mem_get_info()
+    used = max(total - free - reserved, 0)
+    if used <= PLAUSIBLE_CONTEXT_BYTES:
+        return used, f"measured on {name}: total - free - reserved (no other process was using it)"
+    return ASSUMED_CONTEXT_BYTES, (f"{assumption}; on {name}, {format_bytes(used)} are in use beyond PyTorch's reservation, "
+                                   "more than a context takes: other processes share this GPU, so it is not measured")
+
+
+def _own_gpu_bytes() -> int | None:
+    """This process's memory on the current GPU, from NVML (None where NVML, or its per-process figures, are missing)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+        processes = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+    except Exception:  # noqa: BLE001 - no NVML, no driver support, or a sandbox that hides processes
+        return None
+    mine = [p.usedGpuMemory for p in processes if p.pid == os.getpid() and p.usedGpuMemory]
+    return mine[0] if mine else None
 
 
 def convolution_workspace_per_sample(model: nn.Module, layers: LayerMemory, element_bytes: int, prefix: str = "") -> tuple[int, str]:

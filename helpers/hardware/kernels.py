@@ -218,11 +218,25 @@ def triton_check(kernels: dict[str, Callable] | None = None, m: int = 37, n: int
     return TritonCheck(rows, notes)
 
 
+def interpreter_hint(error: str) -> str | None:
+    """What to do about a failure of Triton's interpreter that comes from the installed versions, not the kernel."""
+    if "only 0-dimensional arrays can be converted to Python scalars" in error:
+        import numpy
+
+        return (f"Triton {triton_available()[1]}'s interpreter turns a one-element array into an int, which NumPy {numpy.__version__} "
+                "refuses (NumPy 2.5 removed it); Triton 3.8, the kit's version, squeezes the array first. Use the kit's "
+                "environment (make setup), or numpy<2.5 with this Triton.")
+    return None
+
+
 def _run_triton(name: str, fn: Callable, a: torch.Tensor, b: torch.Tensor, device: torch.device) -> torch.Tensor:
     """One kernel's result, with the likely cause named when a compiled kernel met CPU tensors."""
     try:
         return fn(a, b)
     except Exception as err:
+        hint = interpreter_hint(str(err))
+        if hint:
+            raise RuntimeError(f"{name} failed in Triton's interpreter: {hint}") from err
         if is_gpu(device) or os.environ.get("TRITON_INTERPRET") == "1":
             raise
         raise RuntimeError(f"{name} failed on CPU tensors ({type(err).__name__}: {err}); without a GPU, get triton from "
@@ -235,7 +249,9 @@ def _interpreted_errors(m: int, n: int, k: int, timeout: float) -> dict[str, flo
     command = [sys.executable, "-m", "helpers.hardware.triton_kernels", "--m", str(m), "--n", str(n), "--k", str(k)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
     if done.returncode != 0:
-        raise RuntimeError(f"the Triton kernels failed in the interpreter (exit {done.returncode}):\n{done.stderr[-3000:]}")
+        hint = interpreter_hint(done.stderr)
+        raise RuntimeError(f"the Triton kernels failed in the interpreter (exit {done.returncode}):\n{done.stderr[-3000:]}"
+                           + (f"\n{hint}" if hint else ""))
     return json.loads(done.stdout.strip().splitlines()[-1])["max_error"]
 
 

@@ -127,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="batches of one or two (a dry run on a CPU)")
     parser.add_argument("--cases", type=int, default=len(CASES), help=f"how many of the {len(CASES)} cases to run")
     parser.add_argument("--out", type=Path, help="write the rows there as JSON")
+    parser.add_argument("--probe", action="store_true", help="then the TransformerLM probe (attention_probe; on a GPU)")
     args = parser.parse_args(argv)
     import helpers  # noqa: F401  (quietens torch's import-time warnings)
     from helpers.core.device import pick_device
@@ -138,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(rows[-1]), flush=True)
         if args.out:
             args.out.write_text(json.dumps(rows, indent=1))
-    if device.type == "cuda" and not args.quick:
+    if args.probe and device.type == "cuda":
         rows += attention_probe(device)
         print(json.dumps(rows[-6:]), flush=True)
         if args.out:

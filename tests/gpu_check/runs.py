@@ -276,12 +276,12 @@ def run_bench(names: list[str], quick: bool, out: Path, timeout: float, processe
 # ---------------------------------------------------------------- memory estimates
 
 
-def run_memory(cases: int | None, quick: bool, out: Path, timeout: float) -> list[dict]:
+def run_memory(cases: int | None, quick: bool, out: Path, timeout: float, probe: bool = False) -> list[dict]:
     """``memory_models`` in a process of its own (a fresh allocator): estimate against the allocator's peak per model."""
     result = out / "memory-models.json"
     result.unlink(missing_ok=True)
     command = [sys.executable, "-m", "tests.gpu_check.memory_models", "--out", str(result), *(["--quick"] if quick else []),
-               *(["--cases", str(cases)] if cases is not None else [])]
+               *(["--cases", str(cases)] if cases is not None else []), *(["--probe"] if probe else [])]
     output = _run(command, timeout, "the memory models")
     (out / "memory-models.log").write_text(output)
     if not result.exists():
