@@ -85,7 +85,7 @@ def cuda_context_bytes() -> tuple[int, str]:
     free, total = torch.cuda.mem_get_info()
     used = max(total - free - reserved, 0)
     if used <= PLAUSIBLE_CONTEXT_BYTES:
-        return used, f"measured on {name}: total - free - reserved (no other process was using it)"
+        return used, f"measured on {name}: total - free - reserved (other processes' memory on it would count too)"
     return ASSUMED_CONTEXT_BYTES, (f"{assumption}; on {name}, {format_bytes(used)} are in use beyond PyTorch's reservation, "
                                    "more than a context takes: other processes share this GPU, so it is not measured")
 
