@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         with ThreadPoolExecutor(max_workers=2) as pool:
             lessons_run = pool.submit(_timed, runs.run_lectures, alone, False, lecture_out, args.lecture_timeout, 1, check.deadline)
             cpu_run = pool.submit(_timed, runs.run_lectures, on_the_cpu, True, lecture_out, args.lecture_timeout, 1, check.deadline)
-            for future, name in ((lessons_run, "lectures with GPU lessons (full profile, alone)"),
+            for future, name in ((lessons_run, "lectures with GPU lessons (full profile, one at a time)"),
                                  (cpu_run, "quick lectures on the CPU, beside them")):
                 rows, seconds = future.result()
                 check.report["lectures"] += runs.as_dicts(rows)
