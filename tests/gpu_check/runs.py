@@ -247,7 +247,8 @@ def run_bench(names: list[str], quick: bool, out: Path, timeout: float, processe
 
     folder = out / ("bench-quick" if quick else "bench-full")
     folder.mkdir(parents=True, exist_ok=True)
-    groups = [names[k::processes] for k in range(max(1, processes)) if names[k::processes]]
+    processes = max(1, processes)
+    groups = [names[k::processes] for k in range(processes) if names[k::processes]]
 
     def one(index: int, group: list[str]) -> None:
         command = [sys.executable, "-m", "tests.bench", "--out", str(folder), *(["--quick"] if quick else [])]
