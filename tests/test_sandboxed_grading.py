@@ -327,3 +327,29 @@ def test_scratch_mounts_come_before_the_binds_so_a_checkout_under_tmp_stays_visi
     tmpfs = max(i for i, a in enumerate(command) if a == "--tmpfs")
     binds = [i for i, a in enumerate(command) if a == "--ro-bind"]
     assert binds and tmpfs < min(binds), "a tmpfs mounted after the binds hides whatever they put under it"
+
+
+def test_a_warning_in_a_test_cell_is_a_note_and_other_stderr_still_fails():
+    """torch.tensor() of a tensor warns: in Jupyter that passes, so in the grader it passes too, with the warning shown."""
+    from helpers.course import autograde
+
+    hidden = "import warnings\nwarnings.warn('from the hidden part')\nassert True\n"
+    cells = [{"index": 0, "role": "test", "source": "import torch\nx = torch.tensor(torch.ones(2))\nassert x.sum() == 2"},
+             {"index": 1, "role": "test", "source": "import sys\nprint('a log line', file=sys.stderr)"},
+             {"index": 2, "role": "test", "source": "import warnings\nfor i in range(9):\n    warnings.warn(f'number {i}', RuntimeWarning)",
+              "hidden": len(hidden.encode())},
+             {"index": 3, "role": "test", "source": "raise AssertionError('a real failure')"}]
+    run = sandbox.run_notebook({}, {"cells": cells}, sandbox.Limits(cell_s=60), time.monotonic() + 120, hidden={2: hidden})
+    warned, logged, many, failed = (run.cells[i].outcome for i in range(4))
+    assert "error" not in warned and not warned["stderr"], warned
+    assert warned["warnings"][0]["category"] == "UserWarning" and "copy construct" in warned["warnings"][0]["message"]
+    assert logged["stderr"] == "a log line\n" and "warnings" not in logged
+    assert many["warnings_raised"] == 9 and len(many["warnings"]) == 5 and run.cells[2].hidden["passed"], (many, run.cells[2].hidden)
+
+    verdicts = [autograde._verdict(outcome, run.cells[i].hidden, i == 2) for i, outcome in enumerate((warned, logged, many, failed))]
+    assert [v["output_type"] for v in verdicts] == ["stream", "error", "stream", "error"]
+    assert "wrote to stderr" in verdicts[1]["evalue"] and "AssertionError" in verdicts[3]["evalue"]
+    notes = autograde._warning_notes(warned)[0]["text"]
+    assert notes.startswith(autograde.GRADER_MARK) and "notes, not failures" in notes and "UserWarning" in notes
+    assert "4 more warning(s)" in autograde._warning_notes(many)[0]["text"]
+    assert autograde._warning_notes(logged) == []

@@ -17,6 +17,7 @@ rerun skips what is already graded unless asked to regrade.
 """
 from __future__ import annotations
 
+import builtins
 import copy
 import csv
 import dataclasses
@@ -249,7 +250,7 @@ def run_notebook(nb, trusted: TrustedAssignment, files: dict[str, Path], limits:
         outcome = event.outcome if event else None
         cell.execution_count = count if event else None
         if outcome and role(cell) == "test":
-            cell.outputs = [_verdict(outcome, event.hidden, index in hidden)]
+            cell.outputs = [_verdict(outcome, event.hidden, index in hidden), *_warning_notes(outcome)]
         else:
             cell.outputs = _outputs(outcome, stopped if not run.tampered else "") if outcome else []
         if outcome is None and (event or stopped):
@@ -286,8 +287,6 @@ _KNOWN = {"CellTimeoutError", "CpuLimitError", "RunnerError", "EOFError"}
 
 def _exception_name(name) -> str:
     """An exception class name for the feedback: a builtin one (or the runner's), never a name the submission made up."""
-    import builtins
-
     name = str(name or "")
     builtin = getattr(builtins, name, None)
     if name in _KNOWN or (isinstance(builtin, type) and issubclass(builtin, BaseException)):
@@ -320,6 +319,24 @@ def _verdict(outcome: dict, hidden: dict | None, has_hidden: bool):
         return nbformat.v4.new_output("stream", name="stdout", text=f"{GRADER_MARK}passed\n")
     message = f"{GRADER_MARK}{what}{limit or ''}"
     return nbformat.v4.new_output("error", ename="TestFailed", evalue=message[len(GRADER_MARK):], traceback=[message])
+
+
+def _warning_notes(outcome: dict) -> list:
+    """The Python warnings a test cell raised, as notes under its verdict: shown, never counted as a failure."""
+    raised = outcome.get("warnings") or []
+    if not raised:
+        return []
+    lines = []
+    for warning in raised:
+        category = str(warning.get("category", ""))
+        if not isinstance(getattr(builtins, category, None), type):
+            category = "a warning class of the submission's code"
+        lines.append(f"{GRADER_MARK}note: {category} from {str(warning.get('where', ''))[:120]!r}: {str(warning.get('message', ''))[:300]!r}\n")
+    more = int(outcome.get("warnings_raised", len(raised))) - len(raised)
+    if more > 0:
+        lines.append(f"{GRADER_MARK}note: {more} more warning(s) not shown\n")
+    head = f"{GRADER_MARK}the test raised Python warnings: they are notes, not failures (other writes to stderr fail a test)\n"
+    return [nbformat.v4.new_output("stream", name="stdout", text=head + "".join(lines))]
 
 
 def _outputs(outcome: dict, stopped: str) -> list:

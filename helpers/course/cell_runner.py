@@ -28,13 +28,15 @@ What a submission can no longer do here, compared with a Jupyter kernel:
 * give a test partial credit through its last expression: test cells show no result value.
 
 The grade of a test cell is the runner's verdict (no exception and nothing written to stderr,
-nbgrader's rule), sent over the grader's channel; a message the grader did not expect on that
+nbgrader's rule, except Python warnings: they are recorded and shown as notes under the verdict, since
+a warning a library raises is no failure of the student's), sent over the grader's channel; a message the grader did not expect on that
 channel makes the notebook score 0 (see helpers.course.autograde).
 """
 from __future__ import annotations
 
 import ast
 import builtins
+import contextlib
 import errno
 import io
 import json
@@ -180,6 +182,13 @@ class Guard:
 
 
 _MISSING = object()
+MAX_WARNINGS = 5  # per test cell, reported as notes
+
+
+def _warning_note(caught: warnings.WarningMessage) -> dict:
+    """One warning a test cell raised: its category's name, its message (bounded) and where it came from."""
+    return {"category": getattr(caught.category, "__name__", "Warning")[:100], "message": str(caught.message)[:300],
+            "where": f"{os.path.basename(str(caught.filename))[:100]}:{caught.lineno}"}
 
 
 def _block_new_audit_hooks(event: str, args) -> None:
@@ -272,17 +281,21 @@ class Runner:
         signal.signal(signal.SIGXCPU, _on_cpu_limit)
         signal.setitimer(signal.ITIMER_REAL, float(self.limits["cell_s"]))
         hidden, in_hidden = None, False
-        try:
-            result = self.execute(cell["source"], namespace, show_result=role != "test")
-            if role == "test" and cell.get("hidden") and not stderr.kept:
-                in_hidden = True
-                hidden = self.run_hidden(cell, namespace)
-                in_hidden = False
-        except BaseException as err:  # noqa: BLE001 - every error, even SystemExit, is the cell's outcome
-            error = err
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
+        # In a test cell a Python warning is a note, not a write to stderr (which fails the test): torch.tensor() of a
+        # tensor warns, and that passes in Jupyter. The hidden part's warnings (in its child) are neither.
+        caught = warnings.catch_warnings(record=True) if role == "test" else contextlib.nullcontext([])
+        with caught as raised:
+            try:
+                result = self.execute(cell["source"], namespace, show_result=role != "test")
+                if role == "test" and cell.get("hidden") and not stderr.kept:
+                    in_hidden = True
+                    hidden = self.run_hidden(cell, namespace)
+                    in_hidden = False
+            except BaseException as err:  # noqa: BLE001 - every error, even SystemExit, is the cell's outcome
+                error = err
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
         seconds = time.perf_counter() - start
         if role == "instructor" and error is None:
             self.guard.record_bindings(namespace, before)
@@ -301,6 +314,9 @@ class Runner:
             outcome["hidden_status"] = hidden
         if in_hidden:
             outcome["hidden_interrupted"] = True  # the error (a limit) came while the hidden tests ran
+        if raised:
+            outcome["warnings"] = [_warning_note(w) for w in raised[:MAX_WARNINGS]]
+            outcome["warnings_raised"] = len(raised)
         if result is not None:
             outcome["result"] = _bounded_repr(result)
         if error is not None:
