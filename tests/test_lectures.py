@@ -167,6 +167,19 @@ def serving_language_models(f):
 RAY_LECTURE = "07-formats-runtimes-batching.ipynb"  # starts Ray Serve
 RUN_ALONE = {"01-gpu-architecture-and-benchmarking.ipynb"}  # its figure check compares timings taken in one run
 
+def flash_attention(f):
+    tolerance = 2e-2 if f["device"] == "cuda" else 1e-4  # float16 on a GPU's Triton check, float32 elsewhere
+    errors = f["max_errors"]
+    assert errors and max(errors.values()) <= 1e-4, errors  # plain, tiled (causal too) and split-KV decoding all compute SDPA's attention
+    assert f["triton_error"] is None or f["triton_error"] <= tolerance, f["triton_error"]
+    rows = {(r["method"], r["n"]): r for r in f["sweep"]}
+    largest = max(n for _, n in rows)
+    plain_rows = [row for (method, _), row in rows.items() if method == "plain"]
+    assert all(row["peak_bytes"] >= row["scores_bytes"] for row in plain_rows), plain_rows  # plain holds its whole score matrix at once
+    tiled, plain = rows[("tiled", largest)], rows[("plain", largest)]
+    assert tiled["peak_bytes"] < plain["scores_bytes"] / 4 and tiled["peak_bytes"] < plain["peak_bytes"] / 4, (tiled, plain)  # no n x n matrix
+
+
 FIGURE_CHECKS = {
     "01-gpu-architecture-and-benchmarking.ipynb": gpu_architecture,
     "02-hardware-ecosystem.ipynb": hardware_ecosystem,
@@ -177,6 +190,7 @@ FIGURE_CHECKS = {
     "07-formats-runtimes-batching.ipynb": formats_runtimes_batching,
     "08-making-models-cheaper.ipynb": making_models_cheaper,
     "08b-serving-language-models.ipynb": serving_language_models,
+    "08c-flash-attention.ipynb": flash_attention,
     "09-experiment-tracking.ipynb": experiment_tracking,
     "10-testing-debugging-monitoring.ipynb": monitoring_lecture,
 }

@@ -462,6 +462,18 @@ class _AllocatorPeak:
         return False
 
 
+def peak_bytes(fn: Callable[[], Any], device: str | torch.device | None = None) -> tuple[int, Any]:
+    """(the allocator's peak in bytes above what was live before ``fn()`` ran, what it returned).
+
+    CPU: torch.profiler's memory events; CUDA: ``max_memory_allocated`` (cuBLAS's workspaces included).
+    What the call returns is counted while it is live, as the caller holds it.
+    """
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    with _AllocatorPeak(device, baseline=0) as probe:
+        result = fn()
+    return probe.peak, result
+
+
 def measure_training_memory(
     model: nn.Module,
     example_input: ExampleInput | tuple[int, ...],

@@ -1,4 +1,5 @@
-"""Lecture 1 and the hardware-ecosystem lecture: benchmarks, rooflines, op counts, working sets, AlexNet, systolic arrays.
+"""Lecture 1, the hardware-ecosystem lecture and 8c: benchmarks, rooflines, op counts, working sets, AlexNet, systolic
+arrays, attention's time and memory.
 
 Public face of ``helpers.hardware``; names load on first use.
 """
@@ -17,6 +18,7 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     ".native_dtypes": ["dtype_speed"],
     ".oom": ["fit_batch"],
     ".alexnet": ["profile_layer_alexnet"],
+    ".attention": ["AttentionSweep", "attention_sweep", "max_error", "random_qkv"],
     ".widgets": ["alexnet_explorer"],
     ".starvation": ["starvation_sweep"],
     ".systolic": ["compare_dataflows", "systolic_matmul"],

@@ -24,6 +24,7 @@ L1B = "03-gpu-programming-model.ipynb"
 HARDWARE = "02-hardware-ecosystem.ipynb"
 L5A = "05a-mixed-precision-and-data-pipelines.ipynb"
 L5B = "05b-profiling-and-compilation.ipynb"
+L8C = "08c-flash-attention.ipynb"
 LEARNED = 0.5  # held-out accuracy a trained LeNet must reach on the GPU: five times chance on ten digits
 
 
@@ -81,6 +82,14 @@ def _graphs(f: dict) -> list[Target]:
     return [_speedup("CUDA graph replay vs eager, tiny-op chain", _report(LaunchVariant, f["launch"]).find(variant=GRAPH), 2.0)]
 
 
+def _flash(f: dict) -> list[Target]:
+    rows = {(r["method"], r["n"]): r for r in f["triton_sweep"]}
+    n = max(length for _, length in rows)
+    mine, plain = rows[("Triton (this kernel)", n)], rows[("plain", n)]
+    return [Target.at_least(f"Triton FlashAttention vs plain attention, float16, n = {n:,}, time", plain["seconds"] / mine["seconds"], 1.5, "x"),
+            Target.at_most(f"Triton FlashAttention's peak memory as a share of plain attention's, n = {n:,}", mine["peak_bytes"] / plain["peak_bytes"], 0.25)]
+
+
 # rule -> the sentences its lecture printed about the measurement, as handed back in its figures
 STATEMENTS: dict[str, Callable[[dict], list[str]]] = {
     "cudnn": lambda f: [_best_convolution(f)[1]["verdict"]],
@@ -94,6 +103,7 @@ JUDGES: dict[str, list[Callable[[dict], list[Target]]]] = {
     HARDWARE: [_training],
     L5A: [_amp, _bucketing],
     L5B: [_graphs],
+    L8C: [_flash],
 }
 
 
