@@ -167,6 +167,25 @@ def serving_language_models(f):
 RAY_LECTURE = "07-formats-runtimes-batching.ipynb"  # starts Ray Serve
 RUN_ALONE = {"01-gpu-architecture-and-benchmarking.ipynb"}  # its figure check compares timings taken in one run
 
+def arithmetic_fusion_and_compile(f):
+    flops = f["flops"]
+    assert abs(flops["counted"] / (flops["six_nt"] + flops["attention"]) - 1) < 0.05, flops  # 6·N·T plus attention's products
+    assert 0 < f["mfu"] < 1.5, f["mfu"]
+    timeline = f["timeline"]
+    assert timeline["phases"] == ["forward", "backward", "optimizer step", "zero_grad"], timeline
+    assert abs(timeline["end"] - timeline["optimizer_state"]) <= 0.01 * timeline["optimizer_state"] < timeline["peak"], timeline  # AdamW's state stays
+    assert f["graphs"] == {"with the print": 2, "fixed": 1} and f["breaks"] == {"with the print": 1, "fixed": 0}, (f["graphs"], f["breaks"])
+    assert f["compilations"] == {"dynamic=False": 4, "default": 2, "dynamic=True": 1, "mark_dynamic": 1}, f["compilations"]
+    rms, swiglu = f["fusion"]["RMSNorm"], f["fusion"]["SwiGLU"]
+    assert rms["compiled kernels"] == 1 < rms["eager kernels"] and swiglu["compiled kernels"] == 3 < 1 + swiglu["eager kernels"], f["fusion"]
+    assert max(rms["max_difference"], swiglu["max_difference"]) < 1e-4, f["fusion"]
+    loss = f["fused_loss"]
+    assert loss["max_difference"] < 1e-4, loss  # the same loss and gradients
+    assert loss["peak"]["chunked, fused"] < loss["logits_bytes"] <= loss["peak"]["plain"] / 2, loss  # the logits never whole
+    optimizer = f["optimizer"]
+    assert optimizer["max_difference"] < 1e-5 and optimizer["seconds"]["fused"] < optimizer["seconds"]["Python loop"], optimizer
+
+
 def flash_attention(f):
     tolerance = 2e-2 if f["device"] == "cuda" else 1e-4  # float16 on a GPU's Triton check, float32 elsewhere
     errors = f["max_errors"]
@@ -186,6 +205,7 @@ FIGURE_CHECKS = {
     "02-os-and-distributed-recap.ipynb": os_distributed_recap,
     "03-data-parallel-training.ipynb": data_parallel_training,
     "03-gpu-programming-model.ipynb": gpu_programming_model,
+    "05c-arithmetic-fusion-and-compile.ipynb": arithmetic_fusion_and_compile,
     "06-web-services.ipynb": web_services,
     "07-formats-runtimes-batching.ipynb": formats_runtimes_batching,
     "08-making-models-cheaper.ipynb": making_models_cheaper,

@@ -39,7 +39,7 @@ from helpers.core.fake import (
 from helpers.core.gpu_workspaces import BlasWorkspaces, blas_workspaces, live_workspaces
 from helpers.core.report import Report, column, format_bytes
 from helpers.core.step import default_loss, resolve_amp, tensors_in, training_step
-from helpers.core.torch_adapters import mem_tracker, profiler_memory
+from helpers.core.torch_adapters import mem_tracker, memory_history, profiler_memory
 from helpers.core.torch_adapters.optim_defaults import foreach_by_default
 from helpers.core.torch_adapters.storage import storage_key
 
@@ -472,6 +472,70 @@ def peak_bytes(fn: Callable[[], Any], device: str | torch.device | None = None) 
     with _AllocatorPeak(device, baseline=0) as probe:
         result = fn()
     return probe.peak, result
+
+
+@dataclass
+class AllocationTimeline:
+    """Bytes live in the allocator over one run of some phases, from zero at the start, and where each phase began."""
+
+    milliseconds: list[float]  # when each allocation or free happened (on a GPU: its index in the trace)
+    live_bytes: list[int]
+    phases: dict[str, float]  # phase -> when it began, on the same axis (empty on a GPU)
+    source: str
+    html: str | None = None  # on a GPU: the snapshot rendered by torch.cuda._memory_viz.trace_plot
+
+    @property
+    def peak(self) -> int:
+        return max(self.live_bytes, default=0)
+
+    def plot(self, ax=None):
+        gpu = self.html is not None
+        ax = plots.new_axes(ax, title="Bytes live during one training step", xlabel="allocator event" if gpu else "milliseconds",
+                            ylabel="live", yunit="bytes")
+        ax.step(self.milliseconds, self.live_bytes, where="post", color=plots.color_for("live"))
+        for name, start in self.phases.items():
+            plots.vertical_line(ax, start, name)
+        return ax
+
+
+def allocation_timeline(phases: Mapping[str, Callable[[], Any]], device: str | torch.device | None = None) -> AllocationTimeline:
+    """Run each phase in order and record every allocation and free of the run.
+
+    CPU: torch.profiler's memory events (each phase inside a ``record_function`` range, so the timeline shows where
+    it began). CUDA: the allocator's own history (``torch.cuda.memory._record_memory_history``), also rendered as
+    PyTorch's memory-viz HTML page.
+    """
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    if device.type == "cuda":
+        return _cuda_timeline(phases, device)
+    profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
+    with _quiet_native_stderr(), profiler:
+        for name, phase in phases.items():
+            with torch.profiler.record_function(f"phase: {name}"):
+                phase()
+    starts = profiler_memory.range_starts(profiler, "phase: ")
+    allocations = profiler_memory.cpu_allocations(profiler)
+    origin = min([*starts.values(), *(t for t, _ in allocations)], default=0)
+    live, times, values = 0, [], []
+    for t, nbytes in allocations:
+        live += nbytes
+        times.append((t - origin) / 1e6)
+        values.append(live)
+    return AllocationTimeline(times, values, {n: (t - origin) / 1e6 for n, t in starts.items()}, "torch.profiler CPU memory events")
+
+
+def _cuda_timeline(phases: Mapping[str, Callable[[], Any]], device: torch.device) -> AllocationTimeline:
+    torch.cuda.synchronize(device)
+    memory_history.record_memory_history(max_entries=200_000)
+    try:
+        for phase in phases.values():
+            phase()
+        torch.cuda.synchronize(device)
+        snapshot = memory_history.snapshot()
+    finally:
+        memory_history.stop_recording()
+    values = memory_history.live_bytes(snapshot["device_traces"][device.index or 0])
+    return AllocationTimeline(list(range(len(values))), values, {}, "torch.cuda.memory._record_memory_history", memory_history.trace_plot(snapshot))
 
 
 def measure_training_memory(

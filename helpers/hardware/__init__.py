@@ -12,7 +12,7 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     ".transfers": ["copy_compute_overlap", "transfer_sweep"],
     ".autotune": ["cudnn_benchmark_demo"],
     ".batches": ["batch_throughput"],
-    ".flops": ["profile_ops"],
+    ".flops": ["flop_counter", "profile_ops"],
     ".roofline": ["Workload", "attention_workload", "conv_workload", "default_workloads", "elementwise_workload",
                   "matmul_workload", "measure_bandwidth", "measure_roofline", "operator_roofline", "ridge_point", "roof"],
     ".native_dtypes": ["dtype_speed"],

@@ -1,4 +1,4 @@
-"""Lecture 5: number formats and mixed precision, data pipelines, profiling, compilation.
+"""Lecture 5: number formats and mixed precision, data pipelines, profiling, compilation, fused kernels.
 
 Public face of ``helpers.training``; names load on first use.
 """
@@ -14,6 +14,7 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     ".profiling": ["cprofile", "op_table", "py_spy"],
     ".patterns": ["diagnose", "metrics_from_profiler", "profile_patterns"],
     ".compiling": ["eager_vs_compiled"],
+    ".fusion": ["GeneratedCode", "count_launches", "eager_kernels", "inductor_code"],
     ".workloads": ["make_compute_bound", "make_input_pipeline", "make_sync_bound", "tiny_mlp"],
     ".syncs": ["count_host_syncs"],
     ".launch_overhead": ["measure_launch_overhead"],

@@ -7,7 +7,8 @@ from typing import Any
 import torch
 
 WRITTEN_FOR = "2.14"  # the torch version every adapter here was written and tested against
-ADAPTERS = ("fake_tensor", "dispatch", "mem_tracker", "profiler_memory", "storage", "optim_defaults", "op_overrides")
+ADAPTERS = ("fake_tensor", "dispatch", "mem_tracker", "profiler_memory", "storage", "optim_defaults", "op_overrides", "inductor_code",
+            "memory_history")
 
 
 class TorchAPIChanged(RuntimeError):

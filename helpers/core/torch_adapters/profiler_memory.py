@@ -27,6 +27,16 @@ def cpu_allocations(prof: torch.profiler.profile) -> list[tuple[int, int]]:
     return sorted(memory, key=lambda event: event[0])  # stable: events at the same instant keep torch's order
 
 
+def range_starts(prof: torch.profiler.profile, prefix: str) -> dict[str, int]:
+    """Start in ns (the memory events' clock) of each ``record_function`` range whose name begins with ``prefix``, by
+    the rest of its name."""
+    try:
+        events = prof.profiler.kineto_results.events()
+    except AttributeError as err:
+        raise moved("profiler_memory", "torch.profiler.profile().profiler.kineto_results", str(err)) from err
+    return {e.name().removeprefix(prefix): e.start_ns() for e in events if e.name().startswith(prefix)}
+
+
 def peak_of(allocations: list[tuple[int, int]]) -> int:
     """The most bytes live at once, counting from zero at the first event."""
     live = highest = 0
