@@ -199,6 +199,17 @@ def flash_attention(f):
     assert tiled["peak_bytes"] < plain["scores_bytes"] / 4 and tiled["peak_bytes"] < plain["peak_bytes"] / 4, (tiled, plain)  # no n x n matrix
 
 
+def kv_cache_compression(f):
+    sizes = list(f["bytes_per_token"].values())  # MHA, GQA, MQA
+    assert sizes[0] * f["kv_heads"] == sizes[1] * f["heads"] and sizes[1] == sizes[2] * f["kv_heads"], f["bytes_per_token"]
+    base, int8, int4 = f["quantised"].values()
+    assert base["bytes"] > 3 * int8["bytes"] > 3 * int4["bytes"], f["quantised"]  # one byte (or half) a value, plus a scale per head
+    assert base["agreement"] == 1 and int8["perplexity"] < 1.02 * base["perplexity"] < int4["perplexity"], f["quantised"]  # int8 costs little; int4 shows
+    whole, window_only, with_sinks = f["eviction"].values()
+    assert whole < with_sinks < window_only, f["eviction"]  # evicting costs, and the sink tokens take back most of it
+    assert f["text_tokens"] > 2 * (f["window"] + f["sinks"])  # the text is long enough that the window evicts
+
+
 FIGURE_CHECKS = {
     "01-gpu-architecture-and-benchmarking.ipynb": gpu_architecture,
     "02-hardware-ecosystem.ipynb": hardware_ecosystem,
@@ -211,6 +222,7 @@ FIGURE_CHECKS = {
     "08-making-models-cheaper.ipynb": making_models_cheaper,
     "08b-serving-language-models.ipynb": serving_language_models,
     "08c-flash-attention.ipynb": flash_attention,
+    "08d-kv-cache-compression.ipynb": kv_cache_compression,
     "09-experiment-tracking.ipynb": experiment_tracking,
     "10-testing-debugging-monitoring.ipynb": monitoring_lecture,
 }
