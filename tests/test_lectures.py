@@ -200,12 +200,16 @@ def flash_attention(f):
 
 
 def kv_cache_compression(f):
-    sizes = list(f["bytes_per_token"].values())  # MHA, GQA, MQA
-    assert sizes[0] * f["kv_heads"] == sizes[1] * f["heads"] and sizes[1] == sizes[2] * f["kv_heads"], f["bytes_per_token"]
-    base, int8, int4 = f["quantised"].values()
+    def named(figures, prefix):  # the figures come back with their keys sorted: find each by the start of its name
+        return next(value for name, value in figures.items() if name.startswith(prefix))
+
+    mha, gqa, mqa = (named(f["bytes_per_token"], p) for p in ("MHA", "GQA", "MQA"))
+    assert mha * f["kv_heads"] == gqa * f["heads"] and gqa == mqa * f["kv_heads"], f["bytes_per_token"]
+    base, int8, int4 = (named(f["quantised"], p) for p in ("fp32", "int8", "int4")) if "fp32 cache" in f["quantised"] else \
+        (named(f["quantised"], p) for p in ("bf16", "int8", "int4"))
     assert base["bytes"] > 3 * int8["bytes"] > 3 * int4["bytes"], f["quantised"]  # one byte (or half) a value, plus a scale per head
     assert base["agreement"] == 1 and int8["perplexity"] < 1.02 * base["perplexity"] < int4["perplexity"], f["quantised"]  # int8 costs little; int4 shows
-    whole, window_only, with_sinks = f["eviction"].values()
+    whole, window_only, with_sinks = (named(f["eviction"], p) for p in ("whole", "window", f"{f['sinks']} sinks"))
     assert whole < with_sinks < window_only, f["eviction"]  # evicting costs, and the sink tokens take back most of it
     assert f["text_tokens"] > 2 * (f["window"] + f["sinks"])  # the text is long enough that the window evicts
 
