@@ -416,7 +416,10 @@ def test_the_import_hook_holds_in_a_students_notebook(tmp_path, monkeypatch):
         namespace = {"__name__": "__main__"}
         exec("from helpers.core import launch", namespace)  # noqa: S102
         for source in ("from helpers.serving import export_onnx", "import helpers.serving", "import helpers\nhelpers.pick_device",
-                       "import importlib\nimportlib.import_module('helpers.training')"):
+                       "import importlib\nimportlib.import_module('helpers.training')",
+                       "__import__('helpers.serving', fromlist=['DynamicBatcher'])",  # no globals passed: the caller is judged
+                       "__import__('helpers.serving')", "import builtins\nbuiltins.__import__('helpers.training', None, None, ['x'])",
+                       "import importlib\nimportlib.__import__('helpers.serving', fromlist=['DynamicBatcher'])"):
             with pytest.raises(ImportError, match="not part of the kit that .* may use"):
                 exec(source, dict(namespace))  # noqa: S102
         config = {"c": {}, "__file__": str(tmp_path.parent / "course" / "nbgrader_config.py")}  # how traitlets runs a course's config file

@@ -12,7 +12,7 @@ student's own, that imports anything else of ``helpers`` gets an ImportError nam
 what it imports is a view of the package that shows only the declared names (``helpers.serving.x`` through
 an allowed parent raises the same error). The kit itself and the assignment's support modules import freely.
 
-It closes the thin imports (``import``, ``from``, ``importlib``, attributes of a face); it is not a wall
+It closes the thin imports (``import``, ``from``, ``__import__`` called directly, ``importlib``, attributes of a face); it is not a wall
 against code that digs out the module objects themselves (``sys.modules``, ``gc``): the tests of each
 assignment check the property they grade, and the graded notebook shows such digging to the TA.
 """
@@ -114,7 +114,9 @@ def install(assignment: str, kit: tuple[str, ...] | list[str] | None, student_di
 
     def kit_import(name, globals=None, locals=None, fromlist=(), level=0):
         module = original_import(name, globals, locals, fromlist, level)
-        if level or not (name == "helpers" or name.startswith("helpers.")) or not rules.is_student(globals):
+        # an import statement passes its module's globals; a direct call may leave them out: then the caller is judged
+        importer = globals if globals is not None else sys._getframe(1).f_globals
+        if level or not (name == "helpers" or name.startswith("helpers.")) or not rules.is_student(importer):
             return module
         if not fromlist:
             if not rules.allows(name):
