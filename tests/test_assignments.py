@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from helpers.course import assignments, kit_use
+from helpers.course import assignments, autograde, kit_use
 from helpers.course.grading import WEIGHTS, Course, course_grade, read_status
 
-from .grading_support import ROOT, copy_course, hidden_test_lines, make, submit
+from .grading_support import ROOT, TEST_GRADING_SEED, copy_course, hidden_test_lines, make, submit
 from .notebook_runs import WatchedNotebookRuns, processes_behaved
 
 pytestmark = [pytest.mark.notebooks, pytest.mark.grading, pytest.mark.instructor, pytest.mark.timeout(2400)]  # the module fixture grades the whole course
@@ -55,7 +55,9 @@ def source_runs(request, tmp_path_factory):
         shutil.copytree(SOURCE / assignment, copies / assignment)
     notebooks = [copies / a / nb for a, nb in selected]
     alone = [copies / a / nb for a, nb in selected if nb in kit_use.declaration(SOURCE / a).timing_sensitive]
-    runs = WatchedNotebookRuns(notebooks, tmp_path_factory.mktemp("executed"), copies, alone=alone)
+    # the hidden tests' GRADING_SEED, which the grader defines at the top of each hidden part (papermill injects it here)
+    runs = WatchedNotebookRuns(notebooks, tmp_path_factory.mktemp("executed"), copies, parameters={autograde.SEED_NAME: TEST_GRADING_SEED},
+                               alone=alone)
     yield runs
     runs.close()
 

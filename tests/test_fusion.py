@@ -26,6 +26,7 @@ def test_eager_calls_one_kernel_per_operation_and_compiled_rms_norm_is_one_gener
         inductor_code(_rms_norm, x, weight)
     torch._dynamo.reset()
     assert count_launches(_rms_norm, x, weight) is None  # no GPU launches to count on a CPU
+    assert count_launches(lambda: 1 / 0, device="cpu") is None  # nor is the function called there
 
 
 def test_the_timeline_shows_each_phase_and_what_stays_live():

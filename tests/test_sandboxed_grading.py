@@ -6,6 +6,7 @@ pipeline in tests/test_assignments.py.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import socket
 import subprocess
@@ -353,3 +354,32 @@ def test_a_warning_in_a_test_cell_is_a_note_and_other_stderr_still_fails():
     assert notes.startswith(autograde.GRADER_MARK) and "notes, not failures" in notes and "UserWarning" in notes
     assert "4 more warning(s)" in autograde._warning_notes(many)[0]["text"]
     assert autograde._warning_notes(logged) == []
+
+
+def test_the_hidden_part_alone_gets_a_seed_per_student_and_cell_that_a_regrade_repeats():
+    """GRADING_SEED: an HMAC of (assignment, notebook, cell, student) keyed by the hidden tests' digest, never the clock."""
+    from helpers.course import autograde
+
+    trusted = autograde.TrustedAssignment("hw", [], {}, 1.0, "f", secret=b"digest of the hidden tests")
+    seed = autograde.grading_seed(trusted, "part1", "task1_test", "alice")
+    assert seed == autograde.grading_seed(trusted, "part1", "task1_test", "alice") and 0 <= seed < 2**62  # a regrade: the same
+    others = {autograde.grading_seed(trusted, "part1", "task1_test", "bob"), autograde.grading_seed(trusted, "part1", "task2_test", "alice"),
+              autograde.grading_seed(dataclasses.replace(trusted, secret=b"other hidden tests"), "part1", "task1_test", "alice")}
+    assert seed not in others and len(others) == 3
+    hidden_right, hidden_wrong = (autograde.seeded(f"assert GRADING_SEED == {value}", seed) for value in (seed, seed + 1))
+    cells = [{"index": 0, "role": "test", "source": "assert 'GRADING_SEED' not in globals()", "hidden": len(hidden_right.encode())},
+             {"index": 1, "role": "test", "source": "assert 'GRADING_SEED' not in globals()", "hidden": len(hidden_wrong.encode())}]
+    run = sandbox.run_notebook({}, {"cells": cells}, sandbox.Limits(cell_s=60), time.monotonic() + 120, hidden={0: hidden_right, 1: hidden_wrong})
+    assert "error" not in run.cells[0].outcome and "error" not in run.cells[1].outcome  # the visible parts never see it
+    assert run.cells[0].hidden["passed"] and not run.cells[1].hidden["passed"], (run.cells[0].hidden, run.cells[1].hidden)
+
+
+def test_a_test_that_reads_the_clock_breaks_the_authoring_convention(tmp_path):
+    from helpers.course import assignments
+
+    nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
+    nb.cells = [nbformat.v4.new_code_cell("x = 1", metadata={"nbgrader": {"grade": False, "solution": True, "locked": False, "grade_id": "task1_code", "schema_version": 3}}),
+                nbformat.v4.new_code_cell("import time\nrng = time.time()", metadata={"nbgrader": {
+                    "grade": True, "solution": False, "locked": True, "points": 1, "grade_id": "task1_test", "schema_version": 3}})]
+    nbformat.write(nb, tmp_path / "part1_clock.ipynb")
+    assert any("reads the clock" in p and "GRADING_SEED" in p for p in assignments.convention_problems(tmp_path))

@@ -139,6 +139,9 @@ def _notebook_problems(nb) -> list[str]:
             problems += [f"{where}: {p}" for p in _solution_problems(cell)]
         else:
             test_tasks.add(task_of(cell))
+            if "time.time()" in source or "time.time_ns()" in source:
+                problems.append(f"{where}: a test reads the clock, so a regrade is not the same grade and a submission can find its "
+                                "inputs: seed visible tests with a constant and hidden ones with GRADING_SEED (the grader's)")
             if not meta.get("locked") or float(meta.get("points", 0)) <= 0:
                 problems.append(f"{where}: a test cell must be locked and worth points > 0")
     for task in sorted((solution_tasks ^ test_tasks) - {None}):

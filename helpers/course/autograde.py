@@ -22,6 +22,7 @@ import copy
 import csv
 import dataclasses
 import hashlib
+import hmac
 import os
 import queue
 import shutil
@@ -41,7 +42,7 @@ from helpers.course.intake import safe_text
 from helpers.course.sandbox import Limits
 
 STATUS_FILE = "autograde_status.csv"
-RUNNER_VERSION = "sandbox-2"  # part of every fingerprint: a change of the grading machinery regrades everything
+RUNNER_VERSION = "sandbox-3"  # part of every fingerprint: a change of the grading machinery regrades everything
 GRADER_SIDE = "grader error (not the student's doing)"
 
 
@@ -101,6 +102,7 @@ class TrustedAssignment:
     fingerprint: str
     timing_sensitive: frozenset[str] = frozenset()  # notebook file names graded alone (assignment.toml)
     kit: tuple[str, ...] | None = None  # what of helpers the assignment may use (assignment.toml); None: all of it
+    secret: bytes = b""  # a digest of the hidden tests' text, which students never see: the key of GRADING_SEED
 
 
 def trusted_assignment(course, assignment_id: str) -> TrustedAssignment:
@@ -109,6 +111,7 @@ def trusted_assignment(course, assignment_id: str) -> TrustedAssignment:
 
     release = course.release / assignment_id
     digest = hashlib.sha256(RUNNER_VERSION.encode())
+    secret = hashlib.sha256(b"edl grading seed\0")
     notebooks = []
     with course.gradebook() as gb:
         assignment = gb.find_assignment(assignment_id)
@@ -125,13 +128,26 @@ def trusted_assignment(course, assignment_id: str) -> TrustedAssignment:
                 except MissingEntry:
                     continue
                 digest.update(f"{notebook.name}/{grade_id}\0{cell.source}\0".encode())
+                secret.update(f"{notebook.name}/{grade_id}\0{split_test(cell.source)[1]}\0".encode())
             notebooks.append(TrustedNotebook(notebook.name, nb.cells))
     support = {p.name: p for p in sorted(release.iterdir()) if p.is_file() and p.suffix != ".ipynb"}
     for path in support.values():
         digest.update(path.name.encode() + path.read_bytes())
     declared = kit_use.declaration(release)
     return TrustedAssignment(assignment_id, notebooks, support, max_score, digest.hexdigest()[:16],
-                             frozenset(declared.timing_sensitive), declared.kit)
+                             frozenset(declared.timing_sensitive), declared.kit, secret.digest())
+
+
+def grading_seed(trusted: TrustedAssignment, notebook: str, grade_id: str, student: str) -> int:
+    """The seed of one test cell's hidden part for one student: the same at every regrade, different for every
+    student and cell, and unknown to anyone without the hidden tests (an HMAC keyed by their digest)."""
+    message = f"{trusted.assignment_id}/{notebook}/{grade_id}/{student}".encode()
+    return int.from_bytes(hmac.new(trusted.secret, message, hashlib.sha256).digest()[:8], "big") >> 2  # < 2**62
+
+
+def seeded(hidden: str, seed: int) -> str:
+    """A hidden part as the sandbox receives it: ``GRADING_SEED`` defined first, for the tests' random choices."""
+    return f"{SEED_NAME} = {seed}\n{hidden}"
 
 
 # ---------------------------------------------------------------- 1. rebuild
@@ -222,14 +238,17 @@ def grader_fault(run: sandbox.SandboxRun, code: list[tuple[int, object]], limits
 
 
 def run_notebook(nb, trusted: TrustedAssignment, files: dict[str, Path], limits: Limits, deadline: float, jobs: int,
-                 threads: int, uid: int | None = None, first: bool = True) -> tuple[nbformat.NotebookNode, list[str], str, str, str]:
-    """Run ``nb`` in a sandbox and fill its outputs from the runner's reports.
+                 threads: int, uid: int | None = None, first: bool = True, student: str = "", notebook: str = "",
+                 ) -> tuple[nbformat.NotebookNode, list[str], str, str, str]:
+    """Run ``nb`` (the ``notebook`` of ``student``) in a sandbox and fill its outputs from the runner's reports.
 
-    Returns (notebook, notes, tampering, grader fault, log).
+    Each hidden part starts with its ``GRADING_SEED`` (``grading_seed``). Returns (notebook, notes, tampering, grader
+    fault, log).
     """
     code = [(i, c) for i, c in enumerate(nb.cells) if c.cell_type == "code" and c.source.strip()]
     parts = {i: split_test(c.source) if role(c) == "test" else (c.source, "") for i, c in code}
-    hidden = {i: part[1] for i, part in parts.items() if part[1].strip()}
+    hidden = {i: seeded(part[1], grading_seed(trusted, notebook, assignments.grade_id(nb.cells[i]) or str(i), student))
+              for i, part in parts.items() if part[1].strip()}
     job = {"cells": [{"index": i, "source": parts[i][0], "role": role(c), **({"hidden": len(hidden[i].encode())} if i in hidden else {})}
                      for i, c in code],
            "support_modules": [Path(n).stem for n in trusted.support_files if n.endswith(".py")],
@@ -281,6 +300,7 @@ def split_test(source: str) -> tuple[str, str]:
     return source, ""
 
 
+SEED_NAME = "GRADING_SEED"  # defined at the top of every hidden part: hidden tests take their random choices from it
 GRADER_MARK = "[grader] "  # the first line of every message the grader writes into a test cell's output
 _KNOWN = {"CellTimeoutError", "CpuLimitError", "RunnerError", "EOFError"}
 
@@ -480,7 +500,8 @@ class Grader:
             try:
                 nb, run_notes, tamper, fault, log = run_notebook(nb, trusted, {**files}, self.limits, deadline, self.jobs,
                                                                  (os.cpu_count() or 1) if alone else self.threads, self.uids.uids[slot],
-                                                                 first=not any(r.notebook is not None for r in results))
+                                                                 first=not any(r.notebook is not None for r in results),
+                                                                 student=student_id, notebook=notebook.name)
             finally:
                 self.gate.leave(alone)
             if alone:

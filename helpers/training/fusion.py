@@ -66,9 +66,13 @@ def inductor_code(compiled: Callable, *args) -> tuple[object, GeneratedCode]:
     return output, GeneratedCode(source, GENERATED.findall(source), LIBRARY.findall(source))
 
 
-def count_launches(fn: Callable, *args) -> int | None:
-    """Kernels one call of ``fn(*args)`` launched on a CUDA GPU (torch.profiler's device events); None on a CPU."""
-    if not torch.cuda.is_available() or not any(isinstance(a, torch.Tensor) and a.is_cuda for a in args):
+def count_launches(fn: Callable, *args, device: str | torch.device | None = None) -> int | None:
+    """Kernels one call of ``fn(*args)`` launched on a CUDA GPU (torch.profiler's device events); None on a CPU.
+
+    The device is ``device`` where given, else a GPU when any argument is a CUDA tensor.
+    """
+    on_gpu = torch.device(device).type == "cuda" if device is not None else any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
+    if not on_gpu or not torch.cuda.is_available():
         return None
     fn(*args)
     torch.cuda.synchronize()
