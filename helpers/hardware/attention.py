@@ -24,7 +24,7 @@ Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  
 
 
 def random_qkv(n: int, heads: int = 1, head_dim: int = 64, *, seed: int = 0, device: str | torch.device = "cpu",
-        dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+               dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Random queries, keys and values, each (heads, n, head_dim), the same for a given seed."""
     generator = torch.Generator().manual_seed(seed)
     return tuple(torch.randn(heads, n, head_dim, generator=generator).to(device=device, dtype=dtype) for _ in range(3))
@@ -66,10 +66,6 @@ class AttentionSweep(Report):
     @property
     def methods(self) -> list[str]:
         return list(dict.fromkeys(r.method for r in self.rows))
-
-    @property
-    def lengths(self) -> list[int]:
-        return sorted({r.n for r in self.rows})
 
     def plot(self):
         _, (left, right) = plots.plt.subplots(1, 2, figsize=(11, 4))

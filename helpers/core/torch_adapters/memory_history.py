@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from helpers.core.torch_adapters.changes import moved, require
 
-memory = require("memory_history", "torch.cuda.memory")
 record_memory_history = require("memory_history", "torch.cuda.memory", "_record_memory_history")
 snapshot = require("memory_history", "torch.cuda.memory", "_snapshot")
 trace_plot = require("memory_history", "torch.cuda._memory_viz", "trace_plot")
