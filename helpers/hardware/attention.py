@@ -56,10 +56,6 @@ class AttentionSweep(Report):
 
     title = "Attention as the sequence grows: time per call and the allocator's peak during one call"
 
-    def __init__(self, rows: Sequence[AttentionRow], notes: Sequence[str], device: str):
-        super().__init__(rows, notes)
-        self.device = device
-
     def get(self, method: str, n: int) -> AttentionRow:
         return self.find(method=method, n=n)
 
@@ -97,4 +93,4 @@ def attention_sweep(functions: Mapping[str, Attention], lengths: Sequence[int], 
             rows.append(AttentionRow(name, n, turns[name].fastest, turns[name].median, peak, heads * n * n * q.element_size()))
     notes = [f"{heads} head(s) of dimension {head_dim}, {str(dtype).removeprefix('torch.')}, on {device}; peak memory: "
              + ("torch.cuda.max_memory_allocated during one call" if device.type == "cuda" else "torch.profiler's CPU allocator events during one call")]
-    return AttentionSweep(rows, notes, str(device))
+    return AttentionSweep(rows, notes)
