@@ -142,3 +142,18 @@ def test_the_gpu_dtype_loads_and_agrees_with_fp32(model, tokenizer):
     assert half.embed.weight.dtype == torch.bfloat16
     ids = tokenizer.encode_chat([{"role": "user", "content": "What is a GPU?"}])
     assert Engine(half).generate([ids], 4)[0][:2] == Engine(model).generate([ids], 4)[0][:2]
+
+
+def test_a_shared_read_only_cache_is_read_first_and_a_stale_one_is_passed_over(tmp_path, monkeypatch):
+    """How a grading sandbox loads the model: EDL_MODEL_CACHE names a folder of caches made by the kit elsewhere."""
+    from helpers.core.paths import MODEL_CACHE_ENV
+    from helpers.serving.smollm import cached_weights, ensure_cache
+
+    made = ensure_cache()
+    assert made.stat().st_mode & 0o004, "the cache must be readable by a sandbox's user"
+    (tmp_path / made.name).symlink_to(made)
+    monkeypatch.setenv(MODEL_CACHE_ENV, str(tmp_path))
+    assert cached_weights()[2] == tmp_path / made.name
+    (tmp_path / made.name).unlink()
+    (tmp_path / made.name).write_bytes(b"not a safetensors file")
+    assert cached_weights()[2] == made

@@ -322,6 +322,25 @@ def test_a_cell_past_the_cpu_time_limit_fails_and_names_it():
     assert run.cells[0].outcome["seconds"] < 100, "the cell timer, not the CPU limit, stopped the loop"
 
 
+def test_a_cell_reads_the_kits_model_cache_read_only_and_loads_the_language_model_from_it():
+    """SmolLM2's weights (540 MB in fp32) are over the sandbox's disk limit: the cache the grader wrote is shown
+    read-only, and a notebook that loads the model reads it from there instead of writing its own."""
+    from helpers.serving.smollm import ensure_cache
+
+    cache = ensure_cache()
+    probe = ("import os\nfrom pathlib import Path\nfrom helpers.serving.llama import load_llm\n"
+             "shared = Path(os.environ['EDL_MODEL_CACHE'])\n"
+             f"assert (shared / {cache.name!r}).is_file()\n"
+             "try:\n    (shared / 'mine').write_text('x')\n    raise AssertionError('the shared cache is writable')\n"
+             "except OSError:\n    pass\n"
+             "print(load_llm().config.layers)")
+    run = sandbox.run_notebook({}, {"cells": [{"index": 0, "role": "test", "source": probe}]},
+                               sandbox.Limits(cell_s=240), time.monotonic() + 300)
+    outcome = run.cells[0].outcome
+    assert outcome.get("error") is None, (outcome, run.log[-2000:])
+    assert outcome["stdout"].split() == ["30"], outcome      # SmolLM2's 30 layers, loaded from the shared cache
+
+
 def test_scratch_mounts_come_before_the_binds_so_a_checkout_under_tmp_stays_visible(tmp_path):
     """A kit cloned under /tmp (as CI may do) must not vanish under the sandbox's own /tmp."""
     command = sandbox.bwrap_command(tmp_path, sandbox.Limits(), 1, {}, uid=sandbox.UID_BASE)

@@ -24,3 +24,12 @@ def build_dir(*parts: str) -> Path:
     path = base.joinpath(*parts).resolve()
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+MODEL_CACHE_ENV = "EDL_MODEL_CACHE"  # a read-only folder of model caches, searched first (how a grading sandbox sees the kit's)
+
+
+def shared_model_cache() -> Path | None:
+    """The kit's build/models folder when it holds a model cache (safetensors) that a sandbox may read, else None."""
+    folder = build_dir("models")
+    return folder if any(folder.glob("*.safetensors")) else None

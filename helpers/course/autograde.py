@@ -103,6 +103,7 @@ class TrustedAssignment:
     timing_sensitive: frozenset[str] = frozenset()  # notebook file names graded alone (assignment.toml)
     kit: tuple[str, ...] | None = None  # what of helpers the assignment may use (assignment.toml); None: all of it
     secret: bytes = b""  # a digest of the hidden tests' text, which students never see: the key of GRADING_SEED
+    language_model: bool = False  # its notebooks load the kit's language model (assignment.toml)
 
 
 def trusted_assignment(course, assignment_id: str) -> TrustedAssignment:
@@ -135,7 +136,7 @@ def trusted_assignment(course, assignment_id: str) -> TrustedAssignment:
         digest.update(path.name.encode() + path.read_bytes())
     declared = kit_use.declaration(release)
     return TrustedAssignment(assignment_id, notebooks, support, max_score, digest.hexdigest()[:16],
-                             frozenset(declared.timing_sensitive), declared.kit, secret.digest())
+                             frozenset(declared.timing_sensitive), declared.kit, secret.digest(), declared.language_model)
 
 
 def grading_seed(trusted: TrustedAssignment, notebook: str, grade_id: str, student: str) -> int:
@@ -613,6 +614,8 @@ def _autograde(grader, course, pending, released, roster, limits, regrade) -> li
     if skipped:
         print(f"{skipped} submission(s) already graded with these files and tests: kept (REGRADE=1 or --regrade grades them again)", flush=True)
     print(f"grading {len(todo)} submission(s), {grader.jobs} at a time; {sandbox.isolation()}; limits: {limits.describe()}", flush=True)
+    if any(grader.assignment(assignment_id).language_model for _, assignment_id, _ in todo):
+        print(prepare_language_model(), flush=True)
     with ThreadPoolExecutor(max_workers=grader.jobs) as pool:
         futures = {pool.submit(_grade_safely, grader, *item): item for item in todo}
         for number, future in enumerate(as_completed(futures), 1):
@@ -623,6 +626,17 @@ def _autograde(grader, course, pending, released, roster, limits, regrade) -> li
             print(safe_text(f"[{number}/{len(todo)}] {outcome.status:>6}  {outcome.assignment_id}  {outcome.student_id}  {outcome.seconds:.1f} s  {detail}", 100_000), flush=True)
     order = {pair: i for i, pair in enumerate(pending)}
     return sorted(outcomes, key=lambda o: order[(o.student_id, o.assignment_id)])
+
+
+def prepare_language_model() -> str:
+    """Write the language model's weight cache on this machine, once, before sandboxes read it (they cannot write it:
+    it is larger than their disk limit); a line saying where it is, or why the notebooks that load it will fail."""
+    from helpers.serving.smollm import ModelFileError, ensure_cache
+
+    try:
+        return f"language model: weights cached at {ensure_cache()} (read-only in each sandbox)"
+    except ModelFileError as error:
+        return f"language model: unavailable, so the notebooks that load it fail as the grader's fault: {error}"
 
 
 def _grade_safely(grader: Grader, student_id: str, assignment_id: str, on_roster: bool) -> Outcome:

@@ -3,8 +3,9 @@
 Each assignment declares it in ``assignments/source/<id>/assignment.toml`` (released with the notebooks)::
 
     kit = ["helpers.core.launch", "helpers.distributed.count_traffic"]   # modules or names; their parents are reachable
-    timing_sensitive = ["part3_dynamic_batching.ipynb"]                  # graded alone when JOBS > 1
+    timing_sensitive = ["part2_export_and_optimise.ipynb"]               # graded alone when JOBS > 1
     support_modules = ["hw3_lab"]                                        # the released .py files, which import freely
+    language_model = true                                                # its notebooks load SmolLM2 (weights cached first)
 
 ``enforce()`` (the assignment's first cell, with the notebook's folder as the working directory) and the
 grading runner (before any student code) install the hook: code of the notebook, or a module of the
@@ -37,6 +38,7 @@ class Declaration:
     kit: tuple[str, ...] | None  # None: no declaration, all of the kit
     timing_sensitive: tuple[str, ...] = ()
     support_modules: tuple[str, ...] = ()
+    language_model: bool = False  # its notebooks load the kit's language model: the grader caches its weights first
 
 
 def declaration(folder: str | Path) -> Declaration:
@@ -48,7 +50,8 @@ def declaration(folder: str | Path) -> Declaration:
     kit = data.get("kit")
     if kit is not None and not (isinstance(kit, list) and all(isinstance(k, str) and (k == "helpers" or k.startswith("helpers.")) for k in kit)):
         raise ValueError(f"{path}: kit must be a list of dotted names under helpers, e.g. [\"helpers.core.launch\"]")
-    return Declaration(tuple(kit) if kit is not None else None, tuple(data.get("timing_sensitive", ())), tuple(data.get("support_modules", ())))
+    return Declaration(tuple(kit) if kit is not None else None, tuple(data.get("timing_sensitive", ())), tuple(data.get("support_modules", ())),
+                       bool(data.get("language_model", False)))
 
 
 class Rules:

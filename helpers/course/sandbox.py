@@ -36,6 +36,7 @@ from pathlib import Path
 
 import psutil
 
+from helpers.core.paths import MODEL_CACHE_ENV, shared_model_cache
 from helpers.core.procs import stop_tree
 
 UID_BASE, UID_COUNT = 64000, 1000  # as root, sandboxes run as uids leased from this range, one per job slot
@@ -43,6 +44,7 @@ UID_LOCKS = Path("/run/lock/edl-grader-uids") if Path("/run/lock").is_dir() else
 SANDBOX_INPUT = "/grading/in"
 SCRATCH = ("/tmp", "/dev/shm", "/var/tmp")  # private, size-limited tmpfs mounts (DVC keeps its site cache in /var/tmp)
 SANDBOX_KIT = "/opt/edl-kit"  # the kit's helpers package, read-only, first on the sandbox's PYTHONPATH
+SANDBOX_MODELS = "/opt/edl-models"  # the kit's model caches (the language model's weights), read-only, when built
 SANDBOX_HOME = "/tmp/home"
 SANDBOX_WORK = "/tmp/submission"
 RUNNER = "from helpers.course.cell_runner import main; main()"
@@ -213,10 +215,14 @@ def bwrap_command(input_dir: Path, limits: Limits, jobs: int, env: dict[str, str
     args += ["--proc", "/proc", "--dev", "/dev"]
     for scratch in SCRATCH:
         args += ["--size", str(limits.disk_bytes), "--perms", "1777", "--tmpfs", scratch]
-    args += _mount_points([inside for _, inside in read_only if inside.parent != Path("/")] + [Path(SANDBOX_INPUT), Path(SANDBOX_KIT) / "helpers"])
+    models = shared_model_cache()
+    args += _mount_points([inside for _, inside in read_only if inside.parent != Path("/")] + [Path(SANDBOX_INPUT), Path(SANDBOX_KIT) / "helpers"]
+                          + ([Path(SANDBOX_MODELS)] if models else []))
     for host, inside in read_only:
         args += ["--ro-bind", str(host), str(inside)]
     args += ["--ro-bind", str(kit_package), f"{SANDBOX_KIT}/helpers"]  # the kit's package only, not its checkout
+    if models:  # weights a notebook may load, too large to write inside the sandbox's disk limit
+        args += ["--ro-bind", str(models), SANDBOX_MODELS]
     for link in ("bin", "lib", "lib64", "sbin"):
         target = Path("/") / link
         if target.is_symlink():
@@ -224,7 +230,7 @@ def bwrap_command(input_dir: Path, limits: Limits, jobs: int, env: dict[str, str
         elif target.exists():
             args += ["--ro-bind", str(target), str(target)]
     args += ["--ro-bind", str(input_dir), SANDBOX_INPUT, "--chdir", "/tmp", "--clearenv"]
-    for key, value in env.items():
+    for key, value in {**env, **({MODEL_CACHE_ENV: SANDBOX_MODELS} if models else {})}.items():
         args += ["--setenv", key, value]
     command = [sys.executable, "-c", RUNNER]
     if os.getuid() == 0:  # become an unprivileged user inside, so the process limit applies and nothing is writable
@@ -290,6 +296,8 @@ def _run(staging: Path, job: dict, limits: Limits, deadline: float, jobs: int, t
         private = Path(tempfile.mkdtemp(prefix="edl-sandbox-"))
         env.update(HOME=str(private / "home"), TMPDIR=str(private), MPLCONFIGDIR=str(private / "home" / ".mpl"),
                    EDL_BUILD_DIR=str(private / "home" / "build"), PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+        if shared_model_cache():
+            env[MODEL_CACHE_ENV] = str(shared_model_cache())
         command = _prlimit(limits, jobs, os.getuid())[:-1] if shutil.which("prlimit") else []
         command = (command + ["--"] if command else []) + [sys.executable, "-c", RUNNER]
         job.update(workdir=str(private / "submission"), input=str(staging), spill=str(private / ".fd-output"))

