@@ -189,10 +189,15 @@ def _valid_cache(dtype: torch.dtype) -> tuple[Path, LlamaConfig] | None:
 def ensure_cache(dtype: torch.dtype = torch.float32) -> Path:
     """The safetensors cache of ``dtype``, written from the GGUF file when missing or stale (without loading it)."""
     found = _valid_cache(dtype)
-    if found:
-        if found[0].parent == build_dir("models") and not found[0].stat().st_mode & 0o004:
-            found[0].chmod(0o644)  # an older cache, written owner-only: a grading sandbox's user must read it
-        return found[0]
+    if not found:
+        return _build_cache(dtype)[2]
+    if found[0].parent == build_dir("models") and not found[0].stat().st_mode & 0o004:
+        found[0].chmod(0o644)  # an older cache, written owner-only: a grading sandbox's user must read it
+    return found[0]
+
+
+def _build_cache(dtype: torch.dtype) -> tuple[dict[str, torch.Tensor], LlamaConfig, Path]:
+    """Dequantise the GGUF file into ``dtype`` and write the cache; the tensors (in memory), config and cache path."""
     from safetensors.torch import save_file
 
     source = gguf_path()
@@ -204,16 +209,17 @@ def ensure_cache(dtype: torch.dtype = torch.float32) -> Path:
     save_file(tensors, partial, metadata={**_stamp(source), "config": json.dumps(asdict(config))})
     partial.chmod(0o644)  # readable by a grading sandbox's user
     partial.replace(cache)  # whole or not at all: an interrupted first load leaves no half-written cache
-    return cache
+    return tensors, config, cache
 
 
 def cached_weights(dtype: torch.dtype = torch.float32) -> tuple[dict[str, torch.Tensor], LlamaConfig, Path]:
     """The model's tensors in ``dtype`` from the safetensors cache, written from the GGUF file the first time."""
     from safetensors.torch import load_file
 
-    ensure_cache(dtype)
-    cache, config = _valid_cache(dtype)
-    return load_file(cache), config, cache
+    found = _valid_cache(dtype)
+    if not found:
+        return _build_cache(dtype)
+    return load_file(found[0]), found[1], found[0]
 
 
 # ---------------------------------------------------------------------------------------------------------------------
