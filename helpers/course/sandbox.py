@@ -296,8 +296,9 @@ def _run(staging: Path, job: dict, limits: Limits, deadline: float, jobs: int, t
         private = Path(tempfile.mkdtemp(prefix="edl-sandbox-"))
         env.update(HOME=str(private / "home"), TMPDIR=str(private), MPLCONFIGDIR=str(private / "home" / ".mpl"),
                    EDL_BUILD_DIR=str(private / "home" / "build"), PYTHONPATH=str(Path(__file__).resolve().parents[2]))
-        if shared_model_cache():
-            env[MODEL_CACHE_ENV] = str(shared_model_cache())
+        models = shared_model_cache()
+        if models:
+            env[MODEL_CACHE_ENV] = str(models)
         command = _prlimit(limits, jobs, os.getuid())[:-1] if shutil.which("prlimit") else []
         command = (command + ["--"] if command else []) + [sys.executable, "-c", RUNNER]
         job.update(workdir=str(private / "submission"), input=str(staging), spill=str(private / ".fd-output"))
