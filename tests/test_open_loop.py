@@ -20,11 +20,17 @@ SERVICE_SECONDS = 0.02  # the slow server answers one request at a time, each ta
 def slow_server():
     app = FastAPI()
     one_at_a_time = asyncio.Lock()
+    app.state.in_flight = app.state.most_in_flight = 0
 
     @app.post("/work")
     async def work(body: dict):
-        async with one_at_a_time:
-            await asyncio.sleep(SERVICE_SECONDS)
+        app.state.in_flight += 1
+        app.state.most_in_flight = max(app.state.most_in_flight, app.state.in_flight)
+        try:
+            async with one_at_a_time:
+                await asyncio.sleep(SERVICE_SECONDS)
+        finally:
+            app.state.in_flight -= 1
         return {"ok": True}
 
     port = free_port()
@@ -35,7 +41,7 @@ def slow_server():
         if server.started:
             break
         time.sleep(0.05)
-    yield f"http://{LOOPBACK}:{port}/work"
+    yield f"http://{LOOPBACK}:{port}/work", app.state
     server.should_exit = True
     thread.join(10)
 
@@ -51,16 +57,23 @@ def test_the_schedule_is_poisson_at_the_rate_and_seeded():
 
 
 def test_open_loop_shows_the_queue_a_closed_loop_hides(slow_server):
-    send = HttpSender(slow_server, [{"x": 1}])
+    url, server = slow_server
+    send = HttpSender(url, [{"x": 1}])
     # Twice what the server can answer: requests keep arriving on schedule, so a queue builds up.
+    server.most_in_flight = 0
     over = open_loop_test(send, rate=2 / SERVICE_SECONDS, max_requests=100, max_seconds=1.0, seed=0).rows[0]
+    open_queue = server.most_in_flight
+    server.most_in_flight = 0
     polite = closed_loop_test(send, concurrency=1, max_requests=40, max_seconds=5.0).rows[0]
+    closed_queue = server.most_in_flight
     assert over.errors == 0 and polite.errors == 0 and over.requests >= 60
     # the closed loop sees about one service time; the open loop sees the queue (hundreds of ms by the end)
     assert polite.p99 < 10 * SERVICE_SECONDS
     assert over.p99 > 5 * polite.p99 and over.p50 > 3 * polite.p50
-    # sends kept to schedule although answers were late: the send lag stays small next to the latencies
-    assert over.send_lag < over.p50 / 3
+    # sends kept to schedule although answers were late: the server held a queue of waiting requests, which a client
+    # that waits for each answer never builds (the send lag itself is the client's own stalls, so it is not judged
+    # here: on a loaded 2-core machine the event loop stalls for as long as the load runs)
+    assert closed_queue == 1 and open_queue >= 10
     # and the achieved rate is the server's, not the offered one
     assert over.achieved < 0.8 * over.offered
 
