@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from helpers.core.workers import launch
-from helpers.distributed.collectives import all_reduce_calls, count_traffic, point_to_point_only, sends_scaled
+from helpers.distributed.collectives import all_reduce_calls, collective_calls, count_traffic, point_to_point_only, sends_scaled
 from helpers.distributed.comm_models import (
     SCHEMES,
     Link,
@@ -200,6 +200,32 @@ def test_all_reduce_calls_records_and_scales_every_route_in_every_thread():
         assert calls == [12, 20, 16]  # float32 x 3, float32 x 5, float64 x 2
         assert x == [4.0] * 3 and y == [4.0] * 5 and z == [4.0] * 2  # each rank's 1 doubled, summed over two ranks
         assert after == [2.0]
+
+
+def collectives_in_forward_and_backward():
+    """Collectives of every kind, by several routes (a differentiable all-reduce's backward too), then sends."""
+    import torch.distributed.nn.functional as dist_nn
+    x = torch.ones(3, requires_grad=True)
+    with collective_calls() as forward:
+        y = dist_nn.all_reduce(x * 2)
+        dist.all_gather([torch.zeros(3) for _ in range(dist.get_world_size())], torch.ones(3))
+        in_another_thread(lambda: dist.broadcast(torch.ones(2), src=0))
+        dist.barrier()
+    with collective_calls() as backward:
+        y.sum().backward()
+    with collective_calls() as messages:
+        if dist.get_rank() == 0:
+            dist.send(torch.ones(1), 1)
+        else:
+            dist.recv(torch.zeros(1), 0)
+    return forward, backward, messages, x.grad.tolist()
+
+
+def test_collective_calls_names_every_collective_and_no_message():
+    for forward, backward, messages, grad in launch(collectives_in_forward_and_backward, 2, echo=False):
+        assert forward == ["c10d::allreduce_", "c10d::allgather_", "c10d::broadcast_", "c10d::barrier"]
+        assert backward == ["c10d::allreduce_"]  # the all-reduce's backward is an all-reduce of the gradient
+        assert messages == [] and grad == [4.0] * 3
 
 
 # ---------------------------------------------------------------- the cost formulas

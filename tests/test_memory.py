@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from helpers.core import bytes_kept
 from helpers import bytes_per_param, fit_batch, measure_training_memory, profile_layer_mem, profile_mem, training_memory
 from helpers.core.memory import CATEGORIES, PHASES, _AllocatorPeak, _blas_workspaces, default_loss
 from helpers.core.models import BasicFCModel, LeNet, alexnet_2012, count_parameters, transformer_lm
@@ -319,3 +320,20 @@ def test_estimate_is_within_two_percent_of_max_memory_allocated_on_a_gpu(amp):
     measured = measure_training_memory(model, tokens, "adam", amp=amp)
     assert measured.allocator == "torch.cuda.max_memory_allocated"
     assert abs(estimate.peak_bytes - measured.allocator_peak_bytes) <= 0.02 * measured.allocator_peak_bytes
+
+
+def test_bytes_kept_counts_what_outlives_the_call_once_per_storage():
+    kept, weights = [], nn.Parameter(torch.zeros(10))
+
+    def step():
+        scratch = torch.ones(1000)  # freed on return: not counted
+        state = torch.zeros(100)
+        kept.extend([state[:10], state[50:], weights * 2])  # two views of one 400-byte storage, one 40-byte tensor
+        weights.grad = scratch[:10].clone()
+        return scratch.sum()  # 4 bytes, alive while the caller holds it
+
+    total, result = bytes_kept(step, besides=[weights])
+    assert result.item() == 1000
+    assert total == 400 + 40 + 40 + 4  # the new gradient counts too: it did not exist when `besides` was given
+    total, _ = bytes_kept(lambda: kept.append(weights.grad.mul_(2)), besides=[weights.grad])
+    assert total == 0  # an in-place result is the gradient's own storage

@@ -15,7 +15,7 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     ".data": ["load_digits", "make_MNIST_loader", "make_encoded_MNIST"],
     ".training_loop": ["train", "train_on_devices"],
     ".step": ["forward_backward", "resolve_amp", "training_step"],
-    ".memory": ["allocation_timeline", "bytes_per_param", "measure_training_memory", "peak_bytes", "profile_layer_mem", "profile_mem",
+    ".memory": ["allocation_timeline", "bytes_kept", "bytes_per_param", "measure_training_memory", "peak_bytes", "profile_layer_mem", "profile_mem",
                 "training_memory"],
     ".paths": ["build_dir"],
     ".procs": ["LOOPBACK", "free_port"],

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import gc
 import os
 import sys
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
@@ -41,6 +43,7 @@ from helpers.core.report import Report, column, format_bytes
 from helpers.core.step import default_loss, resolve_amp, tensors_in, training_step
 from helpers.core.torch_adapters import mem_tracker, memory_history, profiler_memory
 from helpers.core.torch_adapters.optim_defaults import foreach_by_default
+from helpers.core.torch_adapters.dispatch import TorchDispatchMode
 from helpers.core.torch_adapters.storage import storage_key
 
 CATEGORIES = ("parameters", "gradients", "optimizer state", "activations", "temporaries", "input")
@@ -472,6 +475,39 @@ def peak_bytes(fn: Callable[[], Any], device: str | torch.device | None = None) 
     with _AllocatorPeak(device, baseline=0) as probe:
         result = fn()
     return probe.peak, result
+
+
+class _Created(TorchDispatchMode):
+    """Weak references to every tensor a torch operation of this thread returns."""
+
+    def __init__(self):
+        super().__init__()
+        self.created: list[weakref.ref] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (list, tuple)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.created.append(weakref.ref(t))
+        return out
+
+
+def bytes_kept(fn: Callable[[], Any], besides: Iterable[torch.Tensor] = ()) -> tuple[int, Any]:
+    """(bytes of the tensors created while ``fn()`` ran that are still alive after it, what it returned).
+
+    Each storage is counted once, whatever views of it are alive; storages of ``besides`` (say, the parameters
+    and their gradients) are left out. Sees the operations of this thread, on any device.
+    """
+    with _Created() as watch:
+        result = fn()
+    gc.collect()
+    left_out = {storage_key(t) for t in besides}
+    alive: dict[Any, int] = {}
+    for ref in watch.created:
+        tensor = ref()
+        if tensor is not None and storage_key(tensor) not in left_out:
+            alive[storage_key(tensor)] = tensor.untyped_storage().nbytes()
+    return sum(alive.values()), result
 
 
 @dataclass

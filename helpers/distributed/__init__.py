@@ -8,7 +8,7 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     ".comm_models": ["comm_costs", "critical_path_bytes", "rounds", "within"],
     ".concurrency": ["dataloader_demo", "gil_demo", "shared_memory_demo", "start_costs"],
     ".experiments": ["KIB", "MIB", "all_reduce_sweep", "calibrate_link", "traffic_check"],
-    ".collectives": ["all_reduce_calls", "count_traffic", "point_to_point_only", "sends_scaled"],
+    ".collectives": ["all_reduce_calls", "collective_calls", "count_traffic", "point_to_point_only", "sends_scaled"],
     ".ddp": ["accumulation_demo", "bucket_sweep", "mlp", "scaling"],
     ".alexnet_parallel": ["alexnet_model_parallel", "tower_forward"],
     ".memsave": ["accumulation_memory", "checkpointing_memory", "demo_transformer",

@@ -4,7 +4,8 @@
 can be checked on real runs of a lecture's (or a student's) all-reduce; ``point_to_point_only`` makes every
 collective raise, for exercises built from send/recv; ``sends_scaled`` changes what every message carries, so a
 check can see that a result really travelled in the messages; ``all_reduce_calls`` records (and can scale) every
-all-reduce. All watch torch's dispatcher, where every route meets.
+all-reduce; ``collective_calls`` names every collective, so a check can count them per forward or backward pass.
+All watch torch's dispatcher, where every route meets.
 """
 from __future__ import annotations
 
@@ -146,6 +147,29 @@ def all_reduce_calls(scale: float = 1.0) -> Iterator[list[int]]:
         return original(tensors, *rest)
 
     with calls_wrapped({"c10d::allreduce_": recorded}):
+        yield calls
+
+
+NOT_COLLECTIVES = {"send", "recv_", "recv_any_source_", "check_for_nan", "isend", "irecv", "batch_p2p_ops", "wait_tensor"}
+
+
+@contextlib.contextmanager
+def collective_calls() -> Iterator[list[str]]:
+    """Within the block, the name of every collective this process starts (any thread, any route), in order.
+
+    Point-to-point messages are not collectives and are not listed; torch's functional collectives
+    (``_c10d_functional``) are, under their own names.
+    """
+    calls: list[str] = []
+
+    def recorded_as(op: str):
+        def recorded(original, *args):
+            calls.append(op)
+            return original(*args)
+        return recorded
+
+    ops = [op for op in op_names(COLLECTIVE_NAMESPACES[:2]) if op.partition("::")[2] not in NOT_COLLECTIVES]
+    with calls_wrapped({op: recorded_as(op) for op in ops}):
         yield calls
 
 
