@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from helpers.core import bytes_kept
 from helpers import bytes_per_param, fit_batch, measure_training_memory, profile_layer_mem, profile_mem, training_memory
+from helpers.core import bytes_kept
 from helpers.core.memory import CATEGORIES, PHASES, _AllocatorPeak, _blas_workspaces, default_loss
 from helpers.core.models import BasicFCModel, LeNet, alexnet_2012, count_parameters, transformer_lm
 from helpers.core.report import format_bytes

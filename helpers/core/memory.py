@@ -42,8 +42,8 @@ from helpers.core.gpu_workspaces import BlasWorkspaces, blas_workspaces, live_wo
 from helpers.core.report import Report, column, format_bytes
 from helpers.core.step import default_loss, resolve_amp, tensors_in, training_step
 from helpers.core.torch_adapters import mem_tracker, memory_history, profiler_memory
-from helpers.core.torch_adapters.optim_defaults import foreach_by_default
 from helpers.core.torch_adapters.dispatch import TorchDispatchMode
+from helpers.core.torch_adapters.optim_defaults import foreach_by_default
 from helpers.core.torch_adapters.storage import storage_key
 
 CATEGORIES = ("parameters", "gradients", "optimizer state", "activations", "temporaries", "input")
