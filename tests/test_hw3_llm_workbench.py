@@ -77,42 +77,84 @@ def test_the_step_model_refuses_each_budget_overrun_and_says_which(hw3_llm, tiny
     assert model([([3], 0, [1])]).shape == (1, 49152) and model.forwards == 2 and model.tokens == 9
 
 
+class OneTokenAStep:
+    """The simplest honest engine: request i owns blocks 2i and 2i + 1, runs its prompt whole, then a token a step."""
+
+    def __init__(self, model):
+        self.model, self.requests = model, {}
+
+    def add(self, prompt, max_tokens, ttft_slo):
+        self.requests[len(self.requests)] = (list(prompt), max_tokens, [])
+        return len(self.requests) - 1
+
+    def answers(self):
+        """{request id: its greedy next token}, from one forward pass over every unfinished request."""
+        running = [(i, p, out) for i, (p, n, out) in self.requests.items() if len(out) < n]
+        if not running:
+            return {}
+        sequences = [([2 * i, 2 * i + 1], len(p) + len(out) - 1, [out[-1]]) if out else ([2 * i, 2 * i + 1], 0, p)
+                     for i, p, out in running]
+        return dict(zip([i for i, _, _ in running], self.model(sequences).argmax(-1).tolist()))
+
+    def step(self):
+        emitted = self.answers()
+        for i, token in emitted.items():
+            self.requests[i][2].append(token)
+        return emitted
+
+
 def test_serve_counts_steps_itself_and_names_an_engine_that_starves_or_invents(hw3_llm, tiny):
-    class OneTokenAStep:
-        """Hands out token 1 for each request, one a step, without the model."""
-
-        def __init__(self):
-            self.left = {}
-
-        def add(self, prompt, max_tokens, ttft_slo):
-            self.left[len(self.left)] = max_tokens
-            return len(self.left) - 1
-
-        def step(self):
-            out = {i: 1 for i, n in self.left.items() if n}
-            for i in out:
-                self.left[i] -= 1
-            return out
-
-    model = hw3_llm.StepModel(8, model=tiny)
     arrivals = [hw3_llm.Arrival(2, (1, 2), 3, 1, "chat"), hw3_llm.Arrival(0, (1,), 2, 1, "chat")]
-    report = hw3_llm.serve(OneTokenAStep(), model, arrivals)
+    model = hw3_llm.StepModel(8, model=tiny)
+    report = hw3_llm.serve(OneTokenAStep(model), model, arrivals)
     late, early = report.outcomes
     assert early.steps == [0, 1] and late.steps == [2, 3, 4] and late.ttft == 1 and report.goodput == 1.0
+    for outcome in report.outcomes:
+        assert outcome.tokens == Engine(tiny, eos_ids=()).generate([list(outcome.arrival.prompt)], outcome.arrival.max_tokens)[0]
 
     class Silent(OneTokenAStep):
         def step(self):
             return {}
 
     with pytest.raises(AssertionError, match="2 of 2 requests were unfinished after 20 steps"):
-        hw3_llm.serve(Silent(), model, arrivals, max_steps=20)
+        hw3_llm.serve(Silent(hw3_llm.StepModel(8, model=tiny)), model, arrivals, max_steps=20)
 
     class Inventor(OneTokenAStep):
         def step(self):
             return {99: 1}
 
     with pytest.raises(AssertionError, match="request 99, which add never returned"):
-        hw3_llm.serve(Inventor(), model, arrivals)
+        hw3_llm.serve(Inventor(hw3_llm.StepModel(8, model=tiny)), model, arrivals)
+
+
+def test_a_token_counts_only_as_the_answer_of_its_steps_forward_pass(hw3_llm, tiny):
+    arrivals = [hw3_llm.Arrival(0, (5, 6, 7), 3, 1, "chat")]
+
+    class Unbudgeted(OneTokenAStep):
+        """The right tokens, from the raw model run outside the StepModel: first tokens at once, no budget."""
+
+        def answers(self):
+            return {i: Engine(self.model.llama, eos_ids=()).generate([p + out], 1)[0][0]
+                    for i, (p, n, out) in self.requests.items() if len(out) < n}
+
+    class OffByOne(OneTokenAStep):
+        def answers(self):
+            return {i: (t + 1) % 49152 for i, t in super().answers().items()}
+
+    class PromptOnly(OneTokenAStep):
+        """Runs the model every step, but on the prompt alone: its rows never continue the tokens handed out."""
+
+        def answers(self):
+            running = [i for i, (p, n, out) in self.requests.items() if len(out) < n]
+            logits = self.model([([2 * i, 2 * i + 1], 0, self.requests[i][0]) for i in running])
+            return dict(zip(running, logits.argmax(-1).tolist()))
+
+    refusals = {Unbudgeted: "no row of this step's forward pass ran its sequence", OffByOne: "greedy decoding of this step's",
+                PromptOnly: "no row of this step's forward pass"}
+    for engine, message in refusals.items():
+        model = hw3_llm.StepModel(8, model=tiny)
+        with pytest.raises(AssertionError, match=message):
+            hw3_llm.serve(engine(model), model, arrivals)
 
 
 def test_the_lecture_engine_keeps_the_budgets_and_gives_each_prompt_its_greedy_answer(hw3_llm, tiny):

@@ -337,3 +337,15 @@ def test_bytes_kept_counts_what_outlives_the_call_once_per_storage():
     assert total == 400 + 40 + 40 + 4  # the new gradient counts too: it did not exist when `besides` was given
     total, _ = bytes_kept(lambda: kept.append(weights.grad.mul_(2)), besides=[weights.grad])
     assert total == 0  # an in-place result is the gradient's own storage
+
+
+def test_bytes_kept_waits_for_a_background_thread_to_let_go():
+    import threading
+    import time
+
+    def step():
+        buffer = torch.zeros(1000)  # a worker thread holds it a moment longer, as gloo's do with a collective's buffers
+        threading.Thread(target=lambda held: time.sleep(0.05), args=(buffer,)).start()
+
+    total, _ = bytes_kept(step)
+    assert total == 0

@@ -16,6 +16,7 @@ import copy
 import gc
 import os
 import sys
+import time
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
@@ -492,22 +493,34 @@ class _Created(TorchDispatchMode):
         return out
 
 
-def bytes_kept(fn: Callable[[], Any], besides: Iterable[torch.Tensor] = ()) -> tuple[int, Any]:
+def bytes_kept(fn: Callable[[], Any], besides: Iterable[torch.Tensor] = (), settle_seconds: float = 0.1) -> tuple[int, Any]:
     """(bytes of the tensors created while ``fn()`` ran that are still alive after it, what it returned).
 
     Each storage is counted once, whatever views of it are alive; storages of ``besides`` (say, the parameters
-    and their gradients) are left out. Sees the operations of this thread, on any device.
+    and their gradients) are left out. Sees the operations of this thread, on any device. A background thread
+    may hold a tensor a moment after ``fn`` returns (gloo's workers hold a collective's buffers until they
+    finish with them), so the count is taken again until it has not changed for ``settle_seconds`` (at most 5 s).
     """
     with _Created() as watch:
         result = fn()
-    gc.collect()
     left_out = {storage_key(t) for t in besides}
-    alive: dict[Any, int] = {}
-    for ref in watch.created:
-        tensor = ref()
-        if tensor is not None and storage_key(tensor) not in left_out:
-            alive[storage_key(tensor)] = tensor.untyped_storage().nbytes()
-    return sum(alive.values()), result
+
+    def alive() -> int:
+        gc.collect()
+        storages: dict[Any, int] = {}
+        for ref in watch.created:
+            tensor = ref()
+            if tensor is not None and storage_key(tensor) not in left_out:
+                storages[storage_key(tensor)] = tensor.untyped_storage().nbytes()
+        return sum(storages.values())
+
+    count, steady_since, deadline = alive(), time.monotonic(), time.monotonic() + 5.0
+    while time.monotonic() - steady_since < settle_seconds and time.monotonic() < deadline:
+        time.sleep(settle_seconds / 5)
+        latest = alive()
+        if latest != count:
+            count, steady_since = latest, time.monotonic()
+    return count, result
 
 
 @dataclass
