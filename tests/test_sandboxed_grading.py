@@ -233,7 +233,7 @@ def test_graded_notebooks_and_feedback_stay_small_and_never_show_hidden_tests(ho
     assert {p.parts[-3] for p in pages} >= {"honest", "marker_text", "reads_hidden_tests", "floods_output"}, "every graded student gets feedback"
     for page in pages:
         text = page.read_text()
-        assert HIDDEN_LINE not in text and "hidden f2" not in text, f"hidden test text in {page}"
+        assert HIDDEN_LINE not in text and "f2(-7.25)" not in text, f"hidden test text in {page}"
         assert page.stat().st_size < 4 * 2**20
 
 
@@ -373,6 +373,27 @@ def test_a_warning_in_a_test_cell_is_a_note_and_other_stderr_still_fails():
     assert notes.startswith(autograde.GRADER_MARK) and "notes, not failures" in notes and "UserWarning" in notes
     assert "4 more warning(s)" in autograde._warning_notes(many)[0]["text"]
     assert autograde._warning_notes(logged) == []
+
+
+def test_a_failed_hidden_test_shows_the_instructors_message_and_never_the_students():
+    """Which property failed and by how much reaches the student; text the submission wrote does not."""
+    from helpers.course import autograde
+
+    def cell(index, hidden):
+        return {"index": index, "role": "test", "source": "assert True", "hidden": len(hidden.encode())}
+
+    hidden = {1: "check(3)\n", 2: "assert answer(2) == 4, f'answer(2) is {answer(2)}, off by {answer(2) - 4}'\n",
+              3: "assert answer(2) == 4\n", 4: "answer(-1)\n"}
+    cells = [{"index": 0, "role": "instructor", "source": "def check(x):\n    assert x < 0, f'check: {x} should be negative'"},
+             {"index": 5, "role": "student", "source": "def answer(x):\n    assert x > 0, 'a message the student wrote'\n    return x + 1"},
+             *(cell(i, hidden[i]) for i in (1, 2, 3, 4))]
+    run = sandbox.run_notebook({}, {"cells": cells}, sandbox.Limits(cell_s=60), time.monotonic() + 120, hidden=hidden)
+    verdicts = {i: autograde._verdict(run.cells[i].outcome, run.cells[i].hidden, True)["evalue"] for i in (1, 2, 3, 4)}
+    assert verdicts[1].endswith("AssertionError: check: 3 should be negative"), verdicts[1]  # a setup cell's function
+    assert verdicts[2].endswith("AssertionError: answer(2) is 3, off by -1"), verdicts[2]  # the hidden part itself
+    assert verdicts[3].endswith("(its code is not shown): AssertionError"), verdicts[3]  # no message: nothing added
+    assert verdicts[4].endswith("(its code is not shown): AssertionError"), verdicts[4]  # raised in the student's code
+    assert all("answer(2) == 4" not in v and "student wrote" not in v for v in verdicts.values()), verdicts
 
 
 def test_the_hidden_part_alone_gets_a_seed_per_student_and_cell_that_a_regrade_repeats():

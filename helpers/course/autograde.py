@@ -335,6 +335,8 @@ def _verdict(outcome: dict, hidden: dict | None, has_hidden: bool):
         else:
             what = f"a hidden test failed (its code is not shown): {_exception_name(hidden.get('ename'))}" if hidden else \
                 "the hidden tests did not report (the process ended or was stopped)"
+            if hidden.get("message"):  # an instructor's assertion message: which property failed, by how much
+                what += f": {safe_text(hidden['message'], 500)}"
         limit = hidden.get("limit") and f" [hit the {hidden['limit']}]"
     else:
         return nbformat.v4.new_output("stream", name="stdout", text=f"{GRADER_MARK}passed\n")

@@ -11,7 +11,8 @@ the sandbox instead, so that only the runner talks to the grader.
 **Hidden tests never enter the student's process.** The job holds only the visible part of each test
 cell and the length of its hidden part. When the visible part has passed, the runner forks: the child
 makes a one-time pad, sends it to the grader and receives the hidden part encrypted with it on stdin,
-runs it, sends its verdict (passed, an exception class name, a limit) straight to the grader and exits.
+runs it, sends its verdict (passed, an exception class name, a limit, and the message of an assertion that
+instructor code raised) straight to the grader and exits.
 The process that goes on running the notebook never holds the hidden source (a read of the pipe gets
 only ciphertext), the hidden code is never put in ``linecache``, and nothing the child did to the
 namespace survives it.
@@ -55,6 +56,8 @@ from pathlib import Path
 from helpers.course import kit_use
 
 INPUT = Path("/grading/in")
+HIDDEN_FILENAME = "<hidden tests>"  # what tracebacks of the hidden part name as their file
+MESSAGE_CHARS = 500  # of an instructor's assertion message in a hidden test's verdict
 # torch._dynamo rebinds torch.manual_seed when imported: load it before the snapshot so that is not taken for tampering.
 PRELOADED = ("math", "time", "random", "json", "numpy", "numpy.testing", "torch", "torch.nn", "torch.nn.functional", "torch.testing", "torch._dynamo")
 PROTECTED_PACKAGES = ("builtins", "sys", "os", "json", "signal", "math", "time", "random", "numpy", "torch", "helpers", "onnxruntime", "importlib")
@@ -116,6 +119,11 @@ class Guard:
         self.bindings: dict[str, object] = {}  # names the instructor's cells defined in the notebook
         self.excepthook = sys.excepthook
         self.meta_path = list(sys.meta_path)
+
+    def support_files(self) -> set[str]:
+        """The files of the assignment's support modules, as their code objects name them."""
+        names = self.packages[len(PROTECTED_PACKAGES):]
+        return {getattr(sys.modules.get(name), "__file__", None) for name in names} - {None}
 
     def add_new_modules(self) -> None:
         """Record the protected modules imported since the last call (at start, and after each instructor cell)."""
@@ -243,6 +251,8 @@ class Runner:
         self.guard = Guard(job.get("support_modules", []))
         self.used_output = 0
         self.cells_run = 0
+        self.running_role = ""
+        self.instructor_code: set[types.CodeType] = set()  # code of test and setup cells, and of hidden parts
 
     def _shell(self):
         """An IPython shell for ``get_ipython()`` and magics in student code; it never runs a cell itself."""
@@ -265,6 +275,7 @@ class Runner:
     def run_cell(self, cell: dict) -> dict:
         namespace = self.main.__dict__
         role = cell["role"]
+        self.running_role = role
         notes = []
         if role == "test":
             changed = self.guard.restore(namespace)
@@ -365,8 +376,9 @@ class Runner:
             if not chunk:
                 raise EOFError("the grader sent no hidden tests")
             data += chunk
-        code = compile(bytes(a ^ b for a, b in zip(data, pad)).decode(), "<hidden tests>", "exec", dont_inherit=True)
+        code = compile(bytes(a ^ b for a, b in zip(data, pad)).decode(), HIDDEN_FILENAME, "exec", dont_inherit=True)
         del data, pad
+        self.instructor_code.update(_code_objects(code))
         quiet, errors = BoundedText(0, "stdout"), BoundedText(0, "stderr")
         sys.stdout, sys.stderr = quiet, errors
         error = None
@@ -383,7 +395,26 @@ class Runner:
             return {"passed": False, "ename": "RuntimeError", "limit": "", "line": None, "replaced": sorted(changed)[:12]}
         if error is None and not wrote_stderr:
             return {"passed": True, "ename": "", "limit": "", "line": None}
-        return {"passed": False, "ename": type(error).__name__ if error else "stderr", "limit": _classify(error, self.limits) if error else "", "line": None}
+        verdict = {"passed": False, "ename": type(error).__name__ if error else "stderr", "limit": _classify(error, self.limits) if error else "", "line": None}
+        message = self._instructors_message(error)
+        if message:
+            verdict["message"] = message
+        return verdict
+
+    def _instructors_message(self, error: BaseException | None) -> str:
+        """An AssertionError's message when instructor code raised it (the hidden part, a test or setup cell's function,
+        the support module): which property failed and by how much. Never the submission's own text, nor hidden source."""
+        if not isinstance(error, AssertionError) or not error.args:
+            return ""
+        frame = error.__traceback__
+        while frame is not None and frame.tb_next is not None:
+            frame = frame.tb_next
+        if frame is None:
+            return ""
+        code = frame.tb_frame.f_code
+        if code not in self.instructor_code and code.co_filename not in self.guard.support_files():
+            return ""
+        return str(error.args[0])[:MESSAGE_CHARS]
 
     def execute(self, source: str, namespace: dict, show_result: bool):
         """Compile with IPython's transformer (magics work) and run; the value of a last expression is returned."""
@@ -394,13 +425,25 @@ class Runner:
         tree = ast.parse(code, filename=filename)
         last = tree.body.pop() if show_result and tree.body and isinstance(tree.body[-1], ast.Expr) else None
         # dont_inherit: the runner's own `from __future__ import annotations` must not turn the student's annotations into strings
-        exec(compile(tree, filename, "exec", dont_inherit=True), namespace)  # noqa: S102 - running the student's notebook is the job
+        compiled = compile(tree, filename, "exec", dont_inherit=True)
+        if self.running_role in ("test", "instructor"):
+            self.instructor_code.update(_code_objects(compiled))
+        exec(compiled, namespace)  # noqa: S102 - running the student's notebook is the job
         if last is not None:
             value = eval(compile(ast.Expression(last.value), filename, "eval", dont_inherit=True), namespace)  # noqa: S307
             if value is not None:
                 namespace["_"] = value
             return value
         return None
+
+
+def _code_objects(code: types.CodeType) -> set[types.CodeType]:
+    """``code`` and every function, class body and comprehension compiled inside it."""
+    found = {code}
+    for constant in code.co_consts:
+        if isinstance(constant, types.CodeType):
+            found |= _code_objects(constant)
+    return found
 
 
 def _one_openmp_thread() -> None:
