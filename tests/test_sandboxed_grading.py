@@ -29,7 +29,8 @@ pytestmark = pytest.mark.grading
 A, PART = "hw2_profiling", "part1_sums.ipynb"
 CELL_S = 10  # the per-cell limit of the corpus: short, with room for a loaded 2-core machine
 HIDDEN_LINE = "expect(f1(10), 11, 'the hidden check of f1')"
-LAB = "def expect(value, wanted, what='value'):\n    assert value == wanted, f'{what}: got {value!r}, expected {wanted!r}'\n"
+LAB = ("class Judge:\n    def same(self, value, wanted):\n        return value == wanted\n\n\n"
+       "def expect(value, wanted, what='value'):\n    assert Judge().same(value, wanted), f'{what}: got {value!r}, expected {wanted!r}'\n")
 
 
 def _cell(source, **nbgrader):
@@ -114,6 +115,7 @@ def hostile(tmp_path_factory):
                                   "import sys\nsys.excepthook = lambda *args: None"),
         "rebinds_helper": added(sneaky, "expect = lambda *args, **kwargs: None", at=2),
         "patches_library": added(sneaky, "import math, builtins\nmath.isclose = lambda *a, **k: True\nbuiltins.AssertionError = type('Quiet', (Exception,), {})"),
+        "patches_support_class": added(sneaky, "import tinylab\ntinylab.Judge.same = lambda self, value, wanted: True"),
         "patches_under_test": solution(sneaky, "task2_f2", "def f2(x):\n    import math\n    math.isclose = lambda *a, **k: True\n    return 0.0"),
         "forges_outputs": _forged(wrong(good)),
         "snoops": added(base, f"import glob, os\nfor path in glob.glob({str(root)!r} + '/**/*', recursive=True)[:50]:\n    print('FOUND', path)\n"
@@ -181,7 +183,7 @@ def score(hostile, student):
     return row["status"], float(row["score"]), row["reason"]
 
 
-@pytest.mark.parametrize("student", ["transformer", "custom_exc", "rebinds_helper", "patches_library", "patches_under_test",
+@pytest.mark.parametrize("student", ["transformer", "custom_exc", "rebinds_helper", "patches_library", "patches_support_class", "patches_under_test",
                                      "forges_outputs", "snoops", "sabotages", "forged_metadata"])
 def test_cheats_earn_nothing(hostile, student):
     status, points, reason = score(hostile, student)
@@ -196,6 +198,7 @@ def test_honest_students_get_full_marks_next_to_the_cheats(hostile):
 def test_what_a_cheat_replaced_is_named_for_the_ta(hostile):
     assert "expect" in score(hostile, "rebinds_helper")[2]
     assert "math.isclose" in score(hostile, "patches_library")[2]
+    assert "tinylab.Judge.same" in score(hostile, "patches_support_class")[2]
     assert "restored the deleted cell task1_test" in score(hostile, "forged_metadata")[2]
     tampered = score(hostile, "forges_channel")
     assert tampered[0] == "failed" and "grader's channel" in tampered[2] and tampered[1] == 0.0

@@ -22,9 +22,10 @@ What a submission can no longer do here, compared with a Jupyter kernel:
 * register IPython input transformers or a custom exception handler: cells are compiled and run by
   the runner (IPython's own transformer, a private instance), never by the shell the student can reach;
 * rebind a name an instructor cell defined, or replace a function of torch, numpy, math, time, the
-  kit or the assignment's support module that the tests call: before every test cell the runner puts
-  back what was there before the first student cell ran, and a test during which such a function was
-  replaced again fails, with the name in the reason;
+  kit or the assignment's support module that the tests call, or a method, property or attribute of a
+  class the support module defines: before every test cell the runner puts back what was there before the
+  first student cell ran, and a test during which such a function was replaced again fails, with the name
+  in the reason (what an object the tests hand to the submission holds is the submission's to reach);
 * leave a trace or profile hook, an exception hook or an audit hook in place for the tests;
 * give a test partial credit through its last expression: test cells show no result value.
 
@@ -113,8 +114,10 @@ class Guard:
             except Exception:  # noqa: BLE001 - a support module that fails to import fails the tests that use it
                 pass
         self.packages = PROTECTED_PACKAGES + tuple(support_modules)
+        self.support = tuple(support_modules)
         self.modules: dict[str, types.ModuleType] = {}
         self.attributes: dict[str, dict[str, object]] = {}
+        self.class_bodies: dict[str, tuple[type, dict[str, object]]] = {}  # support modules' classes: their own attributes
         self.add_new_modules()
         self.bindings: dict[str, object] = {}  # names the instructor's cells defined in the notebook
         self.excepthook = sys.excepthook
@@ -133,6 +136,14 @@ class Guard:
                 if name not in self.modules and module is not None and self._protected(name):
                     self.modules[name] = module
                     self.attributes[name] = self._callables(module)
+                    if name.split(".")[0] in self.support:
+                        self.class_bodies.update(self._class_bodies(name, module))
+
+    @staticmethod
+    def _class_bodies(name: str, module) -> dict[str, tuple[type, dict[str, object]]]:
+        """Each class the module defines, with a copy of its own attributes (methods, properties, constants)."""
+        return {f"{name}.{cls.__qualname__}": (cls, dict(vars(cls))) for cls in vars(module).values()
+                if isinstance(cls, type) and cls.__module__ == name}
 
     def _protected(self, name: str) -> bool:
         top = name.split(".")[0]
@@ -156,6 +167,9 @@ class Guard:
                 changed.append(f"sys.modules[{name!r}]")
             current = getattr(module, "__dict__", {})
             changed += [f"{name}.{attr}" for attr, value in self.attributes[name].items() if current.get(attr, value) is not value]
+        for label, (cls, body) in self.class_bodies.items():
+            now = vars(cls)
+            changed += [f"{label}.{attr}" for attr in sorted(set(now) | set(body)) if now.get(attr, _MISSING) is not body.get(attr, _MISSING)]
         changed += [name for name, value in self.bindings.items() if namespace.get(name) is not value]
         return changed
 
@@ -169,6 +183,16 @@ class Guard:
                 if current.get(attr, value) is not value:
                     try:
                         setattr(module, attr, value)
+                    except (AttributeError, TypeError):
+                        pass
+        for cls, body in self.class_bodies.values():
+            for attr in set(vars(cls)) | set(body):
+                if vars(cls).get(attr, _MISSING) is not body.get(attr, _MISSING):
+                    try:
+                        if attr in body:
+                            setattr(cls, attr, body[attr])
+                        else:
+                            delattr(cls, attr)
                     except (AttributeError, TypeError):
                         pass
         for name, value in self.bindings.items():
