@@ -139,11 +139,17 @@ class Guard:
                     if name.split(".")[0] in self.support:
                         self.class_bodies.update(self._class_bodies(name, module))
 
-    @staticmethod
-    def _class_bodies(name: str, module) -> dict[str, tuple[type, dict[str, object]]]:
-        """Each class the module defines, with a copy of its own attributes (methods, properties, constants)."""
+    def _class_bodies(self, name: str, module) -> dict[str, tuple[type, dict[str, object]]]:
+        """Each class the module defines, with a copy of its own attributes (methods, properties, constants).
+
+        Only classes built from the support modules' own classes (and builtins): a subclass of a library's class is
+        left out, since libraries patch their classes at run time (torch wraps an optimizer class's ``step`` the
+        first time one is made)."""
+        def own(cls: type) -> bool:
+            return all(base.__module__ == "builtins" or base.__module__.split(".")[0] in self.support for base in cls.__mro__)
+
         return {f"{name}.{cls.__qualname__}": (cls, dict(vars(cls))) for cls in vars(module).values()
-                if isinstance(cls, type) and cls.__module__ == name}
+                if isinstance(cls, type) and cls.__module__ == name and own(cls)}
 
     def _protected(self, name: str) -> bool:
         top = name.split(".")[0]
