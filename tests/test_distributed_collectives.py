@@ -213,6 +213,10 @@ def collectives_in_forward_and_backward():
         dist.barrier()
     with collective_calls() as backward:
         y.sum().backward()
+    import torch.distributed._functional_collectives as functional
+    with collective_calls() as traced:
+        functional.wait_tensor(functional.all_reduce(torch.ones(2), "sum", dist.group.WORLD))
+    forward += traced
     with collective_calls() as messages:
         if dist.get_rank() == 0:
             dist.send(torch.ones(1), 1)
@@ -223,7 +227,7 @@ def collectives_in_forward_and_backward():
 
 def test_collective_calls_names_every_collective_and_no_message():
     for forward, backward, messages, grad in launch(collectives_in_forward_and_backward, 2, echo=False):
-        assert forward == ["c10d::allreduce_", "c10d::allgather_", "c10d::broadcast_", "c10d::barrier"]
+        assert forward == ["c10d::allreduce_", "c10d::allgather_", "c10d::broadcast_", "c10d::barrier", "_c10d_functional::all_reduce"]
         assert backward == ["c10d::allreduce_"]  # the all-reduce's backward is an all-reduce of the gradient
         assert messages == [] and grad == [4.0] * 3
 

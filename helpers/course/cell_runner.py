@@ -125,8 +125,7 @@ class Guard:
 
     def support_files(self) -> set[str]:
         """The files of the assignment's support modules, as their code objects name them."""
-        names = self.packages[len(PROTECTED_PACKAGES):]
-        return {getattr(sys.modules.get(name), "__file__", None) for name in names} - {None}
+        return {getattr(sys.modules.get(name), "__file__", None) for name in self.support} - {None}
 
     def add_new_modules(self) -> None:
         """Record the protected modules imported since the last call (at start, and after each instructor cell)."""

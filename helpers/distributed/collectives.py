@@ -150,7 +150,8 @@ def all_reduce_calls(scale: float = 1.0) -> Iterator[list[int]]:
         yield calls
 
 
-NOT_COLLECTIVES = {"send", "recv_", "recv_any_source_", "check_for_nan", "isend", "irecv", "batch_p2p_ops", "wait_tensor"}
+NOT_COLLECTIVES = {"send", "recv_", "recv_any_source_", "check_for_nan", "isend", "irecv", "batch_p2p_ops", "wait_tensor",
+                   "_wrap_tensor_autograd"}  # messages, checks and bookkeeping
 
 
 @contextlib.contextmanager
