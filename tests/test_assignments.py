@@ -8,7 +8,10 @@ results:
 - alice hands in the solutions (100%), bob the untouched student version (0%),
   carol one part only, the student version with task 1 solved (exactly that task's points),
   dmitri a corrupt first notebook (failed with its reason, 0%),
-  zoe, who is not on the roster, the last notebook only (graded all the same).
+  zoe, who is not on the roster, the last notebook only (graded all the same),
+  erin every part of more than one task with all but task 1 solved, frank (not on the roster) every part of
+  three or more tasks with all but task 2 solved: a broken task costs only its own points, since later tasks'
+  tests use instructors' files (helpers.course.references) or data of their own, never an earlier task's result.
 """
 from __future__ import annotations
 
@@ -42,6 +45,12 @@ def test_the_course_has_assignments():
 @pytest.mark.parametrize("assignment", ASSIGNMENTS)
 def test_assignment_follows_the_authoring_convention(assignment):
     assert assignments.convention_problems(SOURCE / assignment) == []
+
+
+@pytest.mark.parametrize("assignment", ASSIGNMENTS)
+def test_every_test_cell_says_what_it_checks_and_which_property_failed(assignment):
+    """The feedback teaches: each test cell prints what it checks, each assert names the property and by how much."""
+    assert assignments.feedback_problems(SOURCE / assignment) == []
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +90,7 @@ class GradedCourse:
     course_grades: dict[str, dict[str, str]]
 
     def outcome(self, student: str, assignment: str) -> dict:
-        return self.status[(student, assignment)]
+        return self.status.get((student, assignment))
 
 
 def source_notebooks(assignment: str) -> dict[str, object]:
@@ -108,6 +117,10 @@ def graded(tmp_path_factory) -> GradedCourse:
         submit(course, "carol", assignment, {part: assignments.with_task_solutions(student_version[part], solutions[part], {1})})
         submit(course, "dmitri", assignment, {**student_version, first: '{"cells": [ this is not a notebook'})
         submit(course, "zoe", assignment, {last: student_version[last]})
+        for student, task in BROKEN_TASK.items():
+            if parts_broken(assignment, task):
+                submit(course, student, assignment, {part: assignments.with_task_solutions(student_version[part], solutions[part], set(tasks) - {task})
+                                                     for part, tasks in parts_broken(assignment, task).items()})
     for target in ("autograde", "grades", "feedback"):
         result = make(target, course)
         outputs[target] = result.stdout + result.stderr
@@ -121,6 +134,15 @@ def carol_part(assignment: str) -> str:
     """The part carol hands in: the first with more than one task, so that task 1 alone is partial credit within it."""
     points = {name: assignments.task_points(nb) for name, nb in source_notebooks(assignment).items()}
     return next((name for name, tasks in points.items() if len(tasks) > 1), next(iter(points)))
+
+
+BROKEN_TASK = {"erin": 1, "frank": 2}  # each hands in solutions with that task left as released, in every part with a later task
+
+
+def parts_broken(assignment: str, task: int) -> dict[str, dict[int, float]]:
+    """{part: its tasks' points} of the parts in which ``task`` has a later task whose tests could depend on it."""
+    points = {name: assignments.task_points(nb) for name, nb in source_notebooks(assignment).items()}
+    return {name: tasks for name, tasks in points.items() if task in tasks and max(tasks) > task}
 
 
 def max_points(assignment: str) -> float:
@@ -182,6 +204,22 @@ def test_task_1_alone_scores_exactly_task_1s_points(graded, assignment):
     assert float(outcome["score"]) == pytest.approx(expected), f"task 1 of {part} is worth {expected} points, carol got {outcome['score']}"
 
 
+@pytest.mark.parametrize("student", sorted(BROKEN_TASK))
+@pytest.mark.parametrize("assignment", ASSIGNMENTS)
+def test_a_broken_task_costs_only_its_own_points(graded, assignment, student):
+    task = BROKEN_TASK[student]
+    parts = parts_broken(assignment, task)
+    if not parts:
+        assert graded.outcome(student, assignment) is None, "no part has a task after this one, so nothing was handed in"
+        return
+    expected = sum(sum(points.values()) - points[task] for points in parts.values())
+    outcome = graded.outcome(student, assignment)
+    assert outcome["status"] == "graded", outcome["reason"]
+    assert float(outcome["score"]) == pytest.approx(expected), (
+        f"{student} broke task {task} of {', '.join(parts)} and solved the rest ({expected:g} points), but got {outcome['score']}: "
+        f"a later task's tests depend on task {task}'s work")
+
+
 @pytest.mark.parametrize("assignment", ASSIGNMENTS)
 def test_corrupt_submission_fails_with_its_reason_and_scores_zero(graded, assignment):
     first = assignments.notebooks(SOURCE / assignment)[0].name
@@ -208,7 +246,7 @@ def test_course_grades_follow_the_weights(graded):
     shipped = sum(WEIGHTS[a] for a in ASSIGNMENTS)
     assert float(graded.course_grades["alice"]["course_grade"]) == pytest.approx(100 * shipped, abs=0.01)
     assert float(graded.course_grades["bob"]["course_grade"]) == 0.0
-    assert set(graded.course_grades) >= {"alice", "bob", "carol", "dmitri", "erin", "zoe"}  # erin: on the roster, no submission
+    assert set(graded.course_grades) >= {"alice", "bob", "carol", "dmitri", "erin", "frank", "zoe"}  # the roster, and each who handed in
 
 
 def test_grades_csv_is_nbgraders_export_of_every_submission(graded):

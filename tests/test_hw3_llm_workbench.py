@@ -157,6 +157,42 @@ def test_a_token_counts_only_as_the_answer_of_its_steps_forward_pass(hw3_llm, ti
             hw3_llm.serve(engine(model), model, arrivals)
 
 
+def test_serve_recounts_the_passes_itself_so_changing_the_models_own_state_gains_nothing(hw3_llm, tiny):
+    """The model's budget, pass counter and records are attributes the engine holds: serve's recount (against what the
+    model was built with) refuses what they would let through, and an honest engine is unaffected by it."""
+    arrivals = [hw3_llm.Arrival(0, tuple(range(1, 40)), 2, 1, "chat")]   # a 39-token prompt: over a budget of 32
+
+    class RaisesTheBudget(OneTokenAStep):
+        def __init__(self, model):
+            super().__init__(model)
+            model.token_budget = 10**6                                   # the model's own check now lets 39 through
+
+    class TwoPassesAStep(OneTokenAStep):
+        def step(self):
+            self.model([([200], 0, [3])])                                # a pass of its own, then the counter reset
+            self.model.forwards_this_step = 0
+            return super().step()
+
+    class HidesItsPasses(OneTokenAStep):
+        def step(self):
+            emitted = super().step()
+            self.model.passes.clear()
+            return emitted
+
+    short = [hw3_llm.Arrival(0, (1, 2, 3), 2, 1, "chat")]
+    refusals = {RaisesTheBudget: (arrivals, "39 new tokens; the model was built with a budget of 32"),
+                TwoPassesAStep: (short, "ran 2 forward passes; a step may run one"),
+                HidesItsPasses: (short, "no row of this step's forward pass")}
+    for engine, (requests, message) in refusals.items():
+        model = hw3_llm.StepModel(256, token_budget=32, block_size=32, model=tiny)
+        with pytest.raises(AssertionError, match=message):
+            hw3_llm.serve(engine(model), model, requests)
+    model = hw3_llm.StepModel(256, token_budget=64, block_size=32, model=tiny)
+    assert hw3_llm.serve(OneTokenAStep(model), model, arrivals).outcomes[0].finished
+    with pytest.raises(TypeError, match="serve needs the StepModel"):
+        hw3_llm.serve(OneTokenAStep(model), object(), arrivals)
+
+
 def test_the_lecture_engine_keeps_the_budgets_and_gives_each_prompt_its_greedy_answer(hw3_llm, tiny):
     arrivals = hw3_llm.workload(4, chats=4, documents=3)
     model = hw3_llm.StepModel(24, model=tiny)

@@ -102,11 +102,16 @@ def test_lectures_import_only_public_faces(notebook):
     assert not private, f"{notebook.name} imports {private}: import from the block's public face (helpers.<block>)"
 
 
+# the course tooling an assignment reaches: the first cell's enforce() (the assignment's own limits), and the
+# instructors' files that a later task's tests use when graded (a broken earlier task then costs nothing)
+STUDENT_FACING_COURSE = {"helpers.course.kit_use", "helpers.course.references"}
+
+
 @pytest.mark.instructor  # reads the assignments' sources
 @pytest.mark.parametrize("source", ASSIGNMENT_SOURCES, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_assignments_import_only_public_faces_and_their_own_files(source):
     """An assignment uses the kit as a student sees it: public faces, and its own support files beside it."""
-    private = [m for m in private_imports(source) if m != "helpers.course.kit_use"]  # the first cell's enforce(): the assignment's own limits
+    private = [m for m in private_imports(source) if m not in STUDENT_FACING_COURSE]
     assert not private, f"{source.parent.name}/{source.name} imports {private}: use the public face helpers.<block> (or a support file in its folder)"
 
 

@@ -7,6 +7,7 @@ task K, can be derived from the notebooks alone (see assignments/README.md).
 """
 from __future__ import annotations
 
+import ast
 import copy
 import re
 from pathlib import Path
@@ -112,6 +113,28 @@ def convention_problems(folder: str | Path) -> list[str]:
         problems.append(f"{folder.name}: parts are numbered {parts}, expected 1..{len(parts)}")
     for path in found:
         problems += [f"{path.name}: {p}" for p in _notebook_problems(read(path))]
+    return problems
+
+
+def feedback_problems(folder: str | Path) -> list[str]:
+    """Test cells that do not teach: a visible part that does not print what it checks, or an assert with no message
+    (which property failed, and by how much, is what a student reads in the feedback)."""
+    problems = []
+    for path in notebooks(Path(folder)):
+        for index, cell in enumerate(read(path).cells):
+            if not is_graded_test(cell):
+                continue
+            where = f"{path.name}: cell {index} ({grade_id(cell)})"
+            if "print(" not in cell.source.split(HIDDEN_BEGIN)[0]:
+                problems.append(f"{where}: its visible part must print what the cell checks (first line: print(\"...\"))")
+            try:
+                tree = ast.parse(cell.source)
+            except SyntaxError as error:
+                problems.append(f"{where}: not Python ({error.msg}, line {error.lineno})")
+                continue
+            bare = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Assert) and node.msg is None]
+            if bare:
+                problems.append(f"{where}: the asserts on lines {bare} give no message: say which property failed and by how much")
     return problems
 
 

@@ -26,6 +26,7 @@ import hmac
 import os
 import queue
 import shutil
+import tempfile
 import threading
 import time
 import warnings
@@ -37,7 +38,7 @@ from typing import Iterable, Sequence
 import nbformat
 
 from helpers.core.report import Report, column
-from helpers.course import assignments, intake, kit_use, sandbox
+from helpers.course import assignments, intake, kit_use, references, sandbox
 from helpers.course.intake import safe_text
 from helpers.course.sandbox import Limits
 
@@ -104,6 +105,7 @@ class TrustedAssignment:
     kit: tuple[str, ...] | None = None  # what of helpers the assignment may use (assignment.toml); None: all of it
     secret: bytes = b""  # a digest of the hidden tests' text, which students never see: the key of GRADING_SEED
     language_model: bool = False  # its notebooks load the kit's language model (assignment.toml)
+    references: Path | None = None  # the instructors' files for later tasks' tests, made before grading (assignment.toml)
 
 
 def trusted_assignment(course, assignment_id: str) -> TrustedAssignment:
@@ -135,8 +137,17 @@ def trusted_assignment(course, assignment_id: str) -> TrustedAssignment:
     for path in support.values():
         digest.update(path.name.encode() + path.read_bytes())
     declared = kit_use.declaration(release)
+    made = None
+    if declared.references:  # made from the source notebooks' solutions, which the grade then depends on too
+        wanted = {notebook: (cells, code) for notebook, cells, code in declared.references}
+        made = Path(tempfile.mkdtemp(prefix="edl-references-"))
+        try:
+            references.make(course.source / assignment_id, release, wanted, made, digest)
+        except references.ReferenceError:
+            shutil.rmtree(made, ignore_errors=True)
+            raise
     return TrustedAssignment(assignment_id, notebooks, support, max_score, digest.hexdigest()[:16],
-                             frozenset(declared.timing_sensitive), declared.kit, secret.digest(), declared.language_model)
+                             frozenset(declared.timing_sensitive), declared.kit, secret.digest(), declared.language_model, made)
 
 
 def grading_seed(trusted: TrustedAssignment, notebook: str, grade_id: str, student: str) -> int:
@@ -254,7 +265,8 @@ def run_notebook(nb, trusted: TrustedAssignment, files: dict[str, Path], limits:
                      for i, c in code],
            "support_modules": [Path(n).stem for n in trusted.support_files if n.endswith(".py")],
            "assignment": trusted.assignment_id, "kit": list(trusted.kit) if trusted.kit is not None else None}
-    run = sandbox.run_notebook(files, job, limits, deadline, jobs=jobs, threads=threads, uid=uid, hidden=hidden)
+    run = sandbox.run_notebook(files, job, limits, deadline, jobs=jobs, threads=threads, uid=uid, hidden=hidden,
+                               references=trusted.references)
     fault = grader_fault(run, code, limits, first)
     notes = []
     if run.tampered:
@@ -428,6 +440,7 @@ class Grader:
         self.threads = max(1, (os.cpu_count() or 1) // self.jobs)
         self.lock = threading.Lock()
         self.trusted: dict[str, TrustedAssignment] = {}
+        self.unusable: dict[str, Exception] = {}  # assignments whose references could not be made
         self.gate = TimingGate()
         self.uids = sandbox.UidLease(self.jobs)  # this run's own sandbox users, one per job slot
         self.slots: queue.Queue = queue.Queue()
@@ -436,11 +449,21 @@ class Grader:
 
     def close(self) -> None:
         self.uids.release()
+        for trusted in self.trusted.values():
+            if trusted.references:
+                shutil.rmtree(trusted.references, ignore_errors=True)
 
     def assignment(self, assignment_id: str) -> TrustedAssignment:
+        """The trusted assignment, read (and its references made) once per run; a failure is kept, not retried per submission."""
         with self.lock:
+            if assignment_id in self.unusable:
+                raise self.unusable[assignment_id]
             if assignment_id not in self.trusted:
-                self.trusted[assignment_id] = trusted_assignment(self.course, assignment_id)
+                try:
+                    self.trusted[assignment_id] = trusted_assignment(self.course, assignment_id)
+                except references.ReferenceError as error:
+                    self.unusable[assignment_id] = error
+                    raise
             return self.trusted[assignment_id]
 
     def grade(self, student_id: str, assignment_id: str, on_roster: bool) -> Outcome:
@@ -606,9 +629,10 @@ def _autograde(grader, course, pending, released, roster, limits, regrade) -> li
             continue
         row = previous.get((student_id, assignment_id))
         folder = course.submitted / student_id / assignment_id
+        trusted = _usable(grader, assignment_id)
         if not regrade and row and row.get("status") in ("graded", "failed") and (course.autograded / student_id / assignment_id).exists() \
-                and row.get("fingerprint") == fingerprint(intake.list_submission(folder, course.root, limits.submission_bytes),
-                                                          grader.assignment(assignment_id), limits.submission_bytes):
+                and trusted and row.get("fingerprint") == fingerprint(intake.list_submission(folder, course.root, limits.submission_bytes),
+                                                                      trusted, limits.submission_bytes):
             outcomes.append(_from_row(row))
             continue
         todo.append((student_id, assignment_id, on_roster))
@@ -616,7 +640,7 @@ def _autograde(grader, course, pending, released, roster, limits, regrade) -> li
     if skipped:
         print(f"{skipped} submission(s) already graded with these files and tests: kept (REGRADE=1 or --regrade grades them again)", flush=True)
     print(f"grading {len(todo)} submission(s), {grader.jobs} at a time; {sandbox.isolation()}; limits: {limits.describe()}", flush=True)
-    if any(grader.assignment(assignment_id).language_model for _, assignment_id, _ in todo):
+    if any(_usable(grader, assignment_id) and grader.assignment(assignment_id).language_model for _, assignment_id, _ in todo):
         print(prepare_language_model(), flush=True)
     with ThreadPoolExecutor(max_workers=grader.jobs) as pool:
         futures = {pool.submit(_grade_safely, grader, *item): item for item in todo}
@@ -628,6 +652,18 @@ def _autograde(grader, course, pending, released, roster, limits, regrade) -> li
             print(safe_text(f"[{number}/{len(todo)}] {outcome.status:>6}  {outcome.assignment_id}  {outcome.student_id}  {outcome.seconds:.1f} s  {detail}", 100_000), flush=True)
     order = {pair: i for i, pair in enumerate(pending)}
     return sorted(outcomes, key=lambda o: order[(o.student_id, o.assignment_id)])
+
+
+def _usable(grader: Grader, assignment_id: str) -> TrustedAssignment | None:
+    """The trusted assignment, or None (said once) when its instructors' files could not be made: its submissions are
+    then recorded as grader errors, one by one, and the rest of the class is graded."""
+    try:
+        return grader.assignment(assignment_id)
+    except references.ReferenceError as error:
+        if not getattr(error, "reported", False):
+            error.reported = True
+            print(safe_text(f"{GRADER_SIDE}: {assignment_id}: {error}", 2000), flush=True)
+        return None
 
 
 def prepare_language_model() -> str:

@@ -231,7 +231,7 @@ def release(course: Course, assignment_ids: Sequence[str] = ()) -> list[str]:
     sync_roster(course)
     released, failed = [], []
     for assignment_id in assignment_ids or known:
-        for problem in assignments.convention_problems(course.source / assignment_id):
+        for problem in assignments.convention_problems(course.source / assignment_id) + assignments.feedback_problems(course.source / assignment_id):
             print(f"warning: {assignment_id}/{problem} (see assignments/README.md)")
         run = run_nbgrader(course, ["generate_assignment", assignment_id, "--force"], course.log_path("release", assignment_id), timeout=600)
         if run.ok:

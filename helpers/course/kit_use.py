@@ -6,6 +6,9 @@ Each assignment declares it in ``assignments/source/<id>/assignment.toml`` (rele
     timing_sensitive = ["part2_export_and_optimise.ipynb"]               # graded alone when JOBS > 1
     support_modules = ["hw3_lab"]                                        # the released .py files, which import freely
     language_model = true                                                # its notebooks load SmolLM2 (weights cached first)
+    [references."part2.ipynb"]                                           # instructors' files for later tasks' tests
+    cells = ["setup", "task1"]                                           # (see helpers.course.references)
+    make = "task1_function(REFERENCES / 'file')"
 
 ``enforce()`` (the assignment's first cell, with the notebook's folder as the working directory) and the
 grading runner (before any student code) install the hook: code of the notebook, or a module of the
@@ -39,6 +42,7 @@ class Declaration:
     timing_sensitive: tuple[str, ...] = ()
     support_modules: tuple[str, ...] = ()
     language_model: bool = False  # its notebooks load the kit's language model: the grader caches its weights first
+    references: tuple[tuple[str, tuple[str, ...], str], ...] = ()  # (notebook, cells, make): see helpers.course.references
 
 
 def declaration(folder: str | Path) -> Declaration:
@@ -50,8 +54,11 @@ def declaration(folder: str | Path) -> Declaration:
     kit = data.get("kit")
     if kit is not None and not (isinstance(kit, list) and all(isinstance(k, str) and (k == "helpers" or k.startswith("helpers.")) for k in kit)):
         raise ValueError(f"{path}: kit must be a list of dotted names under helpers, e.g. [\"helpers.core.launch\"]")
+    from helpers.course.references import declared
+
+    references = tuple((notebook, cells, make) for notebook, (cells, make) in declared(data, str(path)).items())
     return Declaration(tuple(kit) if kit is not None else None, tuple(data.get("timing_sensitive", ())), tuple(data.get("support_modules", ())),
-                       bool(data.get("language_model", False)))
+                       bool(data.get("language_model", False)), references)
 
 
 class Rules:

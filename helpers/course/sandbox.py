@@ -38,6 +38,7 @@ import psutil
 
 from helpers.core.paths import MODEL_CACHE_ENV, shared_model_cache
 from helpers.core.procs import stop_tree
+from helpers.course.references import REFERENCES_ENV, SANDBOX_REFERENCES
 
 UID_BASE, UID_COUNT = 64000, 1000  # as root, sandboxes run as uids leased from this range, one per job slot
 UID_LOCKS = Path("/run/lock/edl-grader-uids") if Path("/run/lock").is_dir() else Path(tempfile.gettempdir()) / "edl-grader-uids"
@@ -200,7 +201,8 @@ def _python_homes() -> list[tuple[Path, Path]]:
     return sorted(homes)
 
 
-def bwrap_command(input_dir: Path, limits: Limits, jobs: int, env: dict[str, str], uid: int | None = None) -> list[str]:
+def bwrap_command(input_dir: Path, limits: Limits, jobs: int, env: dict[str, str], uid: int | None = None,
+                  references: Path | None = None) -> list[str]:
     """The full command line: prlimit, bwrap with its mounts and namespaces, the runner (as root: dropping to ``uid``)."""
     import helpers
 
@@ -217,12 +219,14 @@ def bwrap_command(input_dir: Path, limits: Limits, jobs: int, env: dict[str, str
         args += ["--size", str(limits.disk_bytes), "--perms", "1777", "--tmpfs", scratch]
     models = shared_model_cache()
     args += _mount_points([inside for _, inside in read_only if inside.parent != Path("/")] + [Path(SANDBOX_INPUT), Path(SANDBOX_KIT) / "helpers"]
-                          + ([Path(SANDBOX_MODELS)] if models else []))
+                          + ([Path(SANDBOX_MODELS)] if models else []) + ([Path(SANDBOX_REFERENCES)] if references else []))
     for host, inside in read_only:
         args += ["--ro-bind", str(host), str(inside)]
     args += ["--ro-bind", str(kit_package), f"{SANDBOX_KIT}/helpers"]  # the kit's package only, not its checkout
     if models:  # weights a notebook may load, too large to write inside the sandbox's disk limit
         args += ["--ro-bind", str(models), SANDBOX_MODELS]
+    if references:  # the instructors' files for later tasks' tests (helpers.course.references)
+        args += ["--ro-bind", str(references), SANDBOX_REFERENCES]
     for link in ("bin", "lib", "lib64", "sbin"):
         target = Path("/") / link
         if target.is_symlink():
@@ -230,7 +234,8 @@ def bwrap_command(input_dir: Path, limits: Limits, jobs: int, env: dict[str, str
         elif target.exists():
             args += ["--ro-bind", str(target), str(target)]
     args += ["--ro-bind", str(input_dir), SANDBOX_INPUT, "--chdir", "/tmp", "--clearenv"]
-    for key, value in {**env, **({MODEL_CACHE_ENV: SANDBOX_MODELS} if models else {})}.items():
+    for key, value in {**env, **({MODEL_CACHE_ENV: SANDBOX_MODELS} if models else {}),
+                       **({REFERENCES_ENV: SANDBOX_REFERENCES} if references else {})}.items():
         args += ["--setenv", key, value]
     command = [sys.executable, "-c", RUNNER]
     if os.getuid() == 0:  # become an unprivileged user inside, so the process limit applies and nothing is writable
@@ -259,14 +264,15 @@ def sandbox_environment(threads: int) -> dict[str, str]:
 
 
 def run_notebook(files: dict[str, Path], job: dict, limits: Limits, deadline: float, jobs: int = 1, threads: int = 2, uid: int | None = None,
-                 hidden: dict[int, str] | None = None) -> SandboxRun:
+                 hidden: dict[int, str] | None = None, references: Path | None = None) -> SandboxRun:
     """Run one notebook's job in a fresh sandbox holding ``files`` (name -> host path); stop it at ``deadline``.
 
     ``job`` is the runner's job (cells and limits; it never touches the disk, so the hidden tests are
     not readable from the sandbox's files). ``hidden``: the hidden part of each test cell (by cell index), which
     never enters the job: it is sent, encrypted with a pad the runner's child makes, only when that child asks
     (see helpers.course.cell_runner). Each file is read as a regular file (never through a link), bounded
-    by the submission limit. ``uid``: the sandbox's user as root (a one-off lease when None).
+    by the submission limit. ``uid``: the sandbox's user as root (a one-off lease when None). ``references``: a folder
+    of the instructors' files the notebook reads read-only (helpers.course.references), or None.
     Returns the events as the runner reported them.
     """
     from helpers.course import intake
@@ -278,18 +284,19 @@ def run_notebook(files: dict[str, Path], job: dict, limits: Limits, deadline: fl
         for name, path in files.items():
             (staging / name).write_bytes(intake.read_regular(path, limits.submission_bytes))
             (staging / name).chmod(0o644)
-        return _run(staging, job, limits, deadline, jobs, threads, lease.uids[0] if lease else uid, hidden or {})
+        return _run(staging, job, limits, deadline, jobs, threads, lease.uids[0] if lease else uid, hidden or {}, references)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
         if lease:
             lease.release()
 
 
-def _run(staging: Path, job: dict, limits: Limits, deadline: float, jobs: int, threads: int, uid: int | None, hidden: dict[int, str]) -> SandboxRun:
+def _run(staging: Path, job: dict, limits: Limits, deadline: float, jobs: int, threads: int, uid: int | None, hidden: dict[int, str],
+         references: Path | None = None) -> SandboxRun:
     job = {**job, "limits": dataclasses.asdict(limits)}
     env = sandbox_environment(threads)
     if bubblewrap():
-        command = bwrap_command(staging, limits, jobs, env, uid)
+        command = bwrap_command(staging, limits, jobs, env, uid, references)
         job.update(workdir=SANDBOX_WORK, input=SANDBOX_INPUT, spill="/tmp/.fd-output")
         cwd, start_new_session = None, False
     else:
@@ -299,6 +306,8 @@ def _run(staging: Path, job: dict, limits: Limits, deadline: float, jobs: int, t
         models = shared_model_cache()
         if models:
             env[MODEL_CACHE_ENV] = str(models)
+        if references:
+            env[REFERENCES_ENV] = str(references)
         command = _prlimit(limits, jobs, os.getuid())[:-1] if shutil.which("prlimit") else []
         command = (command + ["--"] if command else []) + [sys.executable, "-c", RUNNER]
         job.update(workdir=str(private / "submission"), input=str(staging), spill=str(private / ".fd-output"))
