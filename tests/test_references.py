@@ -124,3 +124,19 @@ def test_references_made_before_grading_score_a_later_task_and_a_failure_to_make
     status, _, reason = scores[broken]
     assert status == "error" and GRADER_SIDE in reason and "ZeroDivisionError" in reason, scores
     assert "ZeroDivisionError" in capsys.readouterr().out, "the grader says once why the assignment could not be graded"
+
+
+def test_a_killed_graders_scratch_folders_are_swept_and_a_running_ones_kept(tmp_path):
+    """A grader killed mid-run (tests/test_sandboxed_grading.py kills one) skips its cleanup: the next sweeps it."""
+    import subprocess
+    import sys
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True).stdout.strip()
+    dead = [tmp_path / f"{kind}{gone}-abc" for kind in sandbox.SCRATCH_KINDS]
+    alive = tmp_path / sandbox.scratch_prefix("edl-grade-")
+    other = tmp_path / "edl-grade-notapid"
+    for path in (*dead, alive, other):
+        path.mkdir()
+        (path / "file").write_text("x")
+    assert sandbox.sweep_scratch(tmp_path) == len(dead)
+    assert not any(path.exists() for path in dead) and alive.exists() and other.exists()

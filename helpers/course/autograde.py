@@ -140,7 +140,7 @@ def trusted_assignment(course, assignment_id: str) -> TrustedAssignment:
     made = None
     if declared.references:  # made from the source notebooks' solutions, which the grade then depends on too
         wanted = {notebook: (cells, code) for notebook, cells, code in declared.references}
-        made = Path(tempfile.mkdtemp(prefix="edl-references-"))
+        made = Path(tempfile.mkdtemp(prefix=sandbox.scratch_prefix("edl-references-")))
         try:
             references.make(course.source / assignment_id, release, wanted, made, digest)
         except references.ReferenceError:
@@ -443,6 +443,7 @@ class Grader:
         self.unusable: dict[str, Exception] = {}  # assignments whose references could not be made
         self.gate = TimingGate()
         self.uids = sandbox.UidLease(self.jobs)  # this run's own sandbox users, one per job slot
+        sandbox.sweep_scratch()  # what graders killed mid-run left in the temporary directory
         self.slots: queue.Queue = queue.Queue()
         for slot in range(self.jobs):
             self.slots.put(slot)

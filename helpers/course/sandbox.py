@@ -263,6 +263,27 @@ def sandbox_environment(threads: int) -> dict[str, str]:
     }
 
 
+SCRATCH_KINDS = ("edl-grade-", "edl-sandbox-", "edl-references-")  # the grader's folders under the temporary directory
+
+
+def scratch_prefix(kind: str) -> str:
+    """A temporary folder's name prefix that names this process, so that a later grader can tell it was left behind."""
+    return f"{kind}{os.getpid()}-"
+
+
+def sweep_scratch(folder: Path | None = None) -> int:
+    """Remove the scratch folders of graders that are gone (a grader killed mid-run skips its own cleanup); their
+    count. A folder whose process still runs, or whose name names no process, is kept."""
+    removed = 0
+    for kind in SCRATCH_KINDS:
+        for path in Path(folder or tempfile.gettempdir()).glob(f"{kind}*-*"):
+            pid = path.name[len(kind):].split("-", 1)[0]
+            if pid.isdigit() and not psutil.pid_exists(int(pid)):
+                shutil.rmtree(path, ignore_errors=True)
+                removed += 1
+    return removed
+
+
 def run_notebook(files: dict[str, Path], job: dict, limits: Limits, deadline: float, jobs: int = 1, threads: int = 2, uid: int | None = None,
                  hidden: dict[int, str] | None = None, references: Path | None = None) -> SandboxRun:
     """Run one notebook's job in a fresh sandbox holding ``files`` (name -> host path); stop it at ``deadline``.
@@ -277,7 +298,7 @@ def run_notebook(files: dict[str, Path], job: dict, limits: Limits, deadline: fl
     """
     from helpers.course import intake
 
-    staging = Path(tempfile.mkdtemp(prefix="edl-grade-"))
+    staging = Path(tempfile.mkdtemp(prefix=scratch_prefix("edl-grade-")))
     lease = UidLease(1) if uid is None and os.getuid() == 0 else None
     try:
         staging.chmod(0o755)
@@ -300,7 +321,7 @@ def _run(staging: Path, job: dict, limits: Limits, deadline: float, jobs: int, t
         job.update(workdir=SANDBOX_WORK, input=SANDBOX_INPUT, spill="/tmp/.fd-output")
         cwd, start_new_session = None, False
     else:
-        private = Path(tempfile.mkdtemp(prefix="edl-sandbox-"))
+        private = Path(tempfile.mkdtemp(prefix=scratch_prefix("edl-sandbox-")))
         env.update(HOME=str(private / "home"), TMPDIR=str(private), MPLCONFIGDIR=str(private / "home" / ".mpl"),
                    EDL_BUILD_DIR=str(private / "home" / "build"), PYTHONPATH=str(Path(__file__).resolve().parents[2]))
         models = shared_model_cache()
