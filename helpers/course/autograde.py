@@ -464,6 +464,7 @@ class Grader:
                     self.trusted[assignment_id] = trusted_assignment(self.course, assignment_id)
                 except references.ReferenceError as error:
                     self.unusable[assignment_id] = error
+                    print(safe_text(f"{GRADER_SIDE}: {assignment_id}: {error}", 2000), flush=True)  # once per run
                     raise
             return self.trusted[assignment_id]
 
@@ -656,14 +657,11 @@ def _autograde(grader, course, pending, released, roster, limits, regrade) -> li
 
 
 def _usable(grader: Grader, assignment_id: str) -> TrustedAssignment | None:
-    """The trusted assignment, or None (said once) when its instructors' files could not be made: its submissions are
+    """The trusted assignment, or None when its instructors' files could not be made (the grader said why): its submissions are
     then recorded as grader errors, one by one, and the rest of the class is graded."""
     try:
         return grader.assignment(assignment_id)
-    except references.ReferenceError as error:
-        if not getattr(error, "reported", False):
-            error.reported = True
-            print(safe_text(f"{GRADER_SIDE}: {assignment_id}: {error}", 2000), flush=True)
+    except references.ReferenceError:
         return None
 
 

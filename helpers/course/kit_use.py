@@ -32,6 +32,8 @@ import types
 from dataclasses import dataclass
 from pathlib import Path
 
+from helpers.course.references import declared
+
 DECLARATION = "assignment.toml"
 ALWAYS = "helpers.course.kit_use.enforce"  # the assignment's first cell calls it, graded or not
 
@@ -54,8 +56,6 @@ def declaration(folder: str | Path) -> Declaration:
     kit = data.get("kit")
     if kit is not None and not (isinstance(kit, list) and all(isinstance(k, str) and (k == "helpers" or k.startswith("helpers.")) for k in kit)):
         raise ValueError(f"{path}: kit must be a list of dotted names under helpers, e.g. [\"helpers.core.launch\"]")
-    from helpers.course.references import declared
-
     references = tuple((notebook, cells, make) for notebook, (cells, make) in declared(data, str(path)).items())
     return Declaration(tuple(kit) if kit is not None else None, tuple(data.get("timing_sensitive", ())), tuple(data.get("support_modules", ())),
                        bool(data.get("language_model", False)), references)
