@@ -31,7 +31,7 @@ import threading
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -43,7 +43,7 @@ from helpers.course.intake import safe_text
 from helpers.course.sandbox import Limits
 
 STATUS_FILE = "autograde_status.csv"
-RUNNER_VERSION = "sandbox-3"  # part of every fingerprint: a change of the grading machinery regrades everything
+RUNNER_VERSION = "sandbox-4"  # part of every fingerprint: a change of the grading machinery regrades everything
 GRADER_SIDE = "grader error (not the student's doing)"
 
 
@@ -106,6 +106,7 @@ class TrustedAssignment:
     secret: bytes = b""  # a digest of the hidden tests' text, which students never see: the key of GRADING_SEED
     language_model: bool = False  # its notebooks load the kit's language model (assignment.toml)
     references: Path | None = None  # the instructors' files for later tasks' tests, made before grading (assignment.toml)
+    referee: dict[str, tuple[str, ...]] = field(default_factory=dict)  # notebook file -> names its tests call from the referee
 
 
 def trusted_assignment(course, assignment_id: str) -> TrustedAssignment:
@@ -147,7 +148,8 @@ def trusted_assignment(course, assignment_id: str) -> TrustedAssignment:
             shutil.rmtree(made, ignore_errors=True)
             raise
     return TrustedAssignment(assignment_id, notebooks, support, max_score, digest.hexdigest()[:16],
-                             frozenset(declared.timing_sensitive), declared.kit, secret.digest(), declared.language_model, made)
+                             frozenset(declared.timing_sensitive), declared.kit, secret.digest(), declared.language_model, made,
+                             dict(declared.referee))
 
 
 def grading_seed(trusted: TrustedAssignment, notebook: str, grade_id: str, student: str) -> int:
@@ -265,6 +267,9 @@ def run_notebook(nb, trusted: TrustedAssignment, files: dict[str, Path], limits:
                      for i, c in code],
            "support_modules": [Path(n).stem for n in trusted.support_files if n.endswith(".py")],
            "assignment": trusted.assignment_id, "kit": list(trusted.kit) if trusted.kit is not None else None}
+    names = trusted.referee.get(f"{notebook}.ipynb")
+    if names:  # its tests run in the referee, which calls these names of the student's code (helpers.course.referee)
+        job["referee"] = {"names": list(names)}
     run = sandbox.run_notebook(files, job, limits, deadline, jobs=jobs, threads=threads, uid=uid, hidden=hidden,
                                references=trusted.references)
     fault = grader_fault(run, code, limits, first)

@@ -29,6 +29,10 @@ What a submission can no longer do here, compared with a Jupyter kernel:
 * leave a trace or profile hook, an exception hook or an audit hook in place for the tests;
 * give a test partial credit through its last expression: test cells show no result value.
 
+For a notebook whose tests the referee runs (helpers.course.referee), the runner is the referee's child and talks
+to it alone: its test cells have the role ``serve``, in which it answers the referee's calls into the notebook's
+names until the referee says the cell is over.
+
 The grade of a test cell is the runner's verdict (no exception and nothing written to stderr,
 nbgrader's rule, except Python warnings: they are recorded and shown as notes under the verdict, since
 a warning a library raises is no failure of the student's), sent over the grader's channel; a message the grader did not expect on that
@@ -57,12 +61,18 @@ from pathlib import Path
 from helpers.course import kit_use
 
 INPUT = Path("/grading/in")
+COMMAND = "from helpers.course.cell_runner import main; main()"  # how the sandbox (or the referee) starts the runner
 HIDDEN_FILENAME = "<hidden tests>"  # what tracebacks of the hidden part name as their file
 MESSAGE_CHARS = 500  # of an instructor's assertion message in a hidden test's verdict
 # torch._dynamo rebinds torch.manual_seed when imported: load it before the snapshot so that is not taken for tampering.
 PRELOADED = ("math", "time", "random", "json", "numpy", "numpy.testing", "torch", "torch.nn", "torch.nn.functional", "torch.testing", "torch._dynamo")
 PROTECTED_PACKAGES = ("builtins", "sys", "os", "json", "signal", "math", "time", "random", "numpy", "torch", "helpers", "onnxruntime", "importlib")
 TRACEBACK_LINES = 60
+
+
+def cell_slack_s(cell_s: float) -> float:
+    """How long past the per-cell limit the grader waits for a cell's end before it stops the sandbox."""
+    return min(30.0, max(2.0, cell_s / 2))
 
 
 class CellTimeoutError(Exception):
@@ -282,6 +292,7 @@ class Runner:
         self.cells_run = 0
         self.running_role = ""
         self.instructor_code: set[types.CodeType] = set()  # code of test and setup cells, and of hidden parts
+        self.referee_link = None  # to the referee (helpers.course.referee), for the test cells it runs
 
     def _shell(self):
         """An IPython shell for ``get_ipython()`` and magics in student code; it never runs a cell itself."""
@@ -323,10 +334,16 @@ class Runner:
         hidden, in_hidden = None, False
         # In a test cell a Python warning is a note, not a write to stderr (which fails the test): torch.tensor() of a
         # tensor warns, and that passes in Jupyter. The hidden part's warnings (in its child) are neither.
-        caught = warnings.catch_warnings(record=True) if role == "test" else contextlib.nullcontext([])
+        caught = warnings.catch_warnings(record=True) if role in ("test", "serve") else contextlib.nullcontext([])
+        if role == "serve":
+            # the referee's limit comes first; then it interrupts us (at a third of the slack), then this (two thirds)
+            signal.setitimer(signal.ITIMER_REAL, float(self.limits["cell_s"]) + 2 * cell_slack_s(float(self.limits["cell_s"])) / 3)
         with caught as raised:
             try:
-                result = self.execute(cell["source"], namespace, show_result=role != "test")
+                if role == "serve":  # the referee runs this test cell and calls into this notebook's code
+                    self.serve_referee(namespace)
+                else:
+                    result = self.execute(cell["source"], namespace, show_result=role != "test")
                 if role == "test" and cell.get("hidden") and not stderr.kept:
                     in_hidden = True
                     hidden = self.run_hidden(cell, namespace)
@@ -362,6 +379,14 @@ class Runner:
         if error is not None:
             outcome["error"] = _error_output(error, self.limits)
         return outcome
+
+    def serve_referee(self, namespace: dict) -> None:
+        """Answer the referee's calls into the notebook's names until it says the test cell is over."""
+        from helpers.course import referee
+
+        if self.referee_link is None:
+            self.referee_link = referee.Link(self.grader_in, self.channel, "runner", tuple(self.job.get("support_modules", ())), self.write)
+        referee.serve_cell(self.referee_link, namespace)
 
     def run_hidden(self, cell: dict, namespace: dict) -> int:
         """Run the test cell's hidden part in a child process (see the module's docstring); returns the child's exit status.
@@ -518,17 +543,22 @@ def _copy_input(source: Path, destination: Path) -> None:
     os.chdir(destination)
 
 
+def read_job(fd: int) -> dict:
+    """The job: one JSON line (its writer sends nothing more until asked, so nothing after the line is read)."""
+    line = bytearray()
+    while not line.endswith(b"\n"):  # the grader (or referee) writes again only when asked: hidden tests, calls
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            break
+        line += chunk
+    return json.loads(line)
+
+
 def main() -> None:
     """Entry point inside the sandbox: job on stdin, events on the original stdout."""
     grader_in = os.dup(0)
     os.set_inheritable(grader_in, False)
-    line = bytearray()
-    while not line.endswith(b"\n"):  # the job is one line; the grader writes again only when asked (hidden tests)
-        chunk = os.read(grader_in, 1 << 16)
-        if not chunk:
-            break
-        line += chunk
-    job = json.loads(line)
+    job = read_job(grader_in)
     channel, log = os.dup(1), os.dup(2)
     os.set_inheritable(channel, False)
     os.set_inheritable(log, False)

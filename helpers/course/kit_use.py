@@ -45,6 +45,7 @@ class Declaration:
     support_modules: tuple[str, ...] = ()
     language_model: bool = False  # its notebooks load the kit's language model: the grader caches its weights first
     references: tuple[tuple[str, tuple[str, ...], str], ...] = ()  # (notebook, cells, make): see helpers.course.references
+    referee: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (notebook, names its tests call): see helpers.course.referee
 
 
 def declaration(folder: str | Path) -> Declaration:
@@ -58,7 +59,21 @@ def declaration(folder: str | Path) -> Declaration:
         raise ValueError(f"{path}: kit must be a list of dotted names under helpers, e.g. [\"helpers.core.launch\"]")
     references = tuple((notebook, cells, make) for notebook, (cells, make) in declared(data, str(path)).items())
     return Declaration(tuple(kit) if kit is not None else None, tuple(data.get("timing_sensitive", ())), tuple(data.get("support_modules", ())),
-                       bool(data.get("language_model", False)), references)
+                       bool(data.get("language_model", False)), references, refereed(data, str(path)))
+
+
+def refereed(data: dict, where: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """(notebook, names) from an assignment.toml's ``referee`` table: the notebooks whose tests run in a process of
+    their own, and the names of the student's code those tests call (helpers.course.referee)."""
+    table = data.get("referee", {})
+    found = []
+    for notebook, entry in (table.items() if isinstance(table, dict) else [("", table)]):
+        names = entry.get("names") if isinstance(entry, dict) else None
+        if not (notebook.endswith(".ipynb") and isinstance(names, list) and names and all(isinstance(n, str) and n.isidentifier() for n in names)):
+            raise ValueError(f"{where}: referee must map a notebook file name to {{names = [the names its tests call]}}, "
+                             f"e.g. [referee.\"part3.ipynb\"] names = [\"SLOEngine\"]")
+        found.append((notebook, tuple(names)))
+    return tuple(found)
 
 
 class Rules:

@@ -38,6 +38,8 @@ import psutil
 
 from helpers.core.paths import MODEL_CACHE_ENV, shared_model_cache
 from helpers.core.procs import stop_tree
+from helpers.course.cell_runner import COMMAND, cell_slack_s
+from helpers.course.intake import safe_text
 from helpers.course.references import REFERENCES_ENV, SANDBOX_REFERENCES
 
 UID_BASE, UID_COUNT = 64000, 1000  # as root, sandboxes run as uids leased from this range, one per job slot
@@ -48,7 +50,8 @@ SANDBOX_KIT = "/opt/edl-kit"  # the kit's helpers package, read-only, first on t
 SANDBOX_MODELS = "/opt/edl-models"  # the kit's model caches (the language model's weights), read-only, when built
 SANDBOX_HOME = "/tmp/home"
 SANDBOX_WORK = "/tmp/submission"
-RUNNER = "from helpers.course.cell_runner import main; main()"
+RUNNER = COMMAND  # the runner's entry point (helpers.course.cell_runner)
+REFEREE = "from helpers.course.referee import main; main()"  # for a notebook whose tests the referee runs (its job says so)
 
 
 @dataclass(frozen=True)
@@ -202,7 +205,7 @@ def _python_homes() -> list[tuple[Path, Path]]:
 
 
 def bwrap_command(input_dir: Path, limits: Limits, jobs: int, env: dict[str, str], uid: int | None = None,
-                  references: Path | None = None) -> list[str]:
+                  references: Path | None = None, entry: str = RUNNER) -> list[str]:
     """The full command line: prlimit, bwrap with its mounts and namespaces, the runner (as root: dropping to ``uid``)."""
     import helpers
 
@@ -237,7 +240,7 @@ def bwrap_command(input_dir: Path, limits: Limits, jobs: int, env: dict[str, str
     for key, value in {**env, **({MODEL_CACHE_ENV: SANDBOX_MODELS} if models else {}),
                        **({REFERENCES_ENV: SANDBOX_REFERENCES} if references else {})}.items():
         args += ["--setenv", key, value]
-    command = [sys.executable, "-c", RUNNER]
+    command = [sys.executable, "-c", entry]
     if os.getuid() == 0:  # become an unprivileged user inside, so the process limit applies and nothing is writable
         if uid is None or uid == 0:
             raise ValueError("as root, a sandbox needs a leased uid (UidLease)")
@@ -316,8 +319,9 @@ def _run(staging: Path, job: dict, limits: Limits, deadline: float, jobs: int, t
          references: Path | None = None) -> SandboxRun:
     job = {**job, "limits": dataclasses.asdict(limits)}
     env = sandbox_environment(threads)
+    entry = REFEREE if job.get("referee") else RUNNER
     if bubblewrap():
-        command = bwrap_command(staging, limits, jobs, env, uid, references)
+        command = bwrap_command(staging, limits, jobs, env, uid, references, entry)
         job.update(workdir=SANDBOX_WORK, input=SANDBOX_INPUT, spill="/tmp/.fd-output")
         cwd, start_new_session = None, False
     else:
@@ -330,7 +334,7 @@ def _run(staging: Path, job: dict, limits: Limits, deadline: float, jobs: int, t
         if references:
             env[REFERENCES_ENV] = str(references)
         command = _prlimit(limits, jobs, os.getuid())[:-1] if shutil.which("prlimit") else []
-        command = (command + ["--"] if command else []) + [sys.executable, "-c", RUNNER]
+        command = (command + ["--"] if command else []) + [sys.executable, "-c", entry]
         job.update(workdir=str(private / "submission"), input=str(staging), spill=str(private / ".fd-output"))
         cwd, start_new_session = private, True
     started = time.monotonic()
@@ -393,7 +397,7 @@ def _follow(run: SandboxRun, job: dict, events: queue.Queue, limits: Limits, dea
     position, in_cell, cell_started = 0, False, time.monotonic()
     while True:
         now = time.monotonic()
-        cell_deadline = cell_started + limits.cell_s + min(30.0, max(2.0, limits.cell_s / 2)) if in_cell else deadline
+        cell_deadline = cell_started + limits.cell_s + cell_slack_s(limits.cell_s) if in_cell else deadline
         wait = min(deadline, cell_deadline) - now
         if wait <= 0:
             if now >= deadline:
@@ -411,6 +415,9 @@ def _follow(run: SandboxRun, job: dict, events: queue.Queue, limits: Limits, dea
             run.tampered = f"wrote {event[0]} data to the grader's channel"
             return
         kind, index = event.get("event"), event.get("cell")
+        if kind == "tampered":  # the referee's word: the notebook's process wrote to its pipe what it never asked for
+            run.tampered = f"wrote to the tests' pipe what they never asked for ({safe_text(event.get('reason'), 300)})"
+            return
         if kind == "done" and position == len(expected) and not in_cell:
             run.finished = True
             return
