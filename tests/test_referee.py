@@ -67,14 +67,14 @@ ACROSS = ("try:\n    Engine(Meter(0)).bad()\nexcept ValueError as err:\n    asse
           "try:\n    Engine(Meter(0)).private()\nexcept AttributeError as err:\n    assert 'has only base' in str(err), str(err)\nelse:\n    raise AssertionError('read past the view')")
 
 
-def run_job(tmp_path: Path, student: str, cell_s: float = 60, tests: tuple[str, ...] = (COUNTED, ACROSS)) -> sandbox.SandboxRun:
+def run_job(tmp_path: Path, student: str, cell_s: float = 60, tests: tuple[str, ...] = (COUNTED, ACROSS), names=("Engine",)) -> sandbox.SandboxRun:
     lab = tmp_path / "lab.py"
     lab.write_text(LAB)
     cells = [{"index": 0, "role": "instructor", "source": "import torch\nfrom lab import Meter, Refused"},
              {"index": 1, "role": "student", "source": student}]
     cells += [{"index": 2 + i, "role": "test", "source": source} for i, source in enumerate(tests)]
     cells[2]["hidden"] = len(HIDDEN.encode())
-    job = {"cells": cells, "support_modules": ["lab"], "referee": {"names": ["Engine"]}}
+    job = {"cells": cells, "support_modules": ["lab"], "referee": {"names": names}}
     return sandbox.run_notebook({"lab.py": lab}, job, sandbox.Limits(cell_s=cell_s), time.monotonic() + 240, hidden={2: HIDDEN})
 
 
@@ -145,6 +145,29 @@ def test_a_call_past_the_time_limit_fails_its_test_and_the_next_test_runs(tmp_pa
     assert passed(run, 3), run.cells[3].outcome
 
 
+def test_a_failure_of_the_referee_is_the_graders_and_a_runner_cannot_claim_one(tmp_path):
+    """The referee's own failure ends it with a status its runner's exit never passes on: the grader records the
+    submission as its own error (not graded), while a notebook that exits with that status is graded as it ran."""
+    from helpers.course import autograde
+
+    def fault(run):
+        code = [(0, _cell("instructor")), (1, _cell("student")), (2, _cell("test")), (3, _cell("test"))]
+        return autograde.grader_fault(run, code, sandbox.Limits())
+
+    broken = run_job(tmp_path, ENGINE, names=None)  # the referee cannot set up its stand-ins
+    assert broken.returncode == referee.REFEREE_FAILED and "referee" in fault(broken), (broken.returncode, broken.log[-800:])
+    claims = run_job(tmp_path, ENGINE + f"\nimport os\nos._exit({referee.REFEREE_FAILED})")
+    assert claims.returncode != referee.REFEREE_FAILED and fault(claims) == "", (claims.returncode, fault(claims))
+
+
+def _cell(kind: str):
+    """A notebook cell whose nbgrader metadata gives it ``kind``'s role in the grader."""
+    import nbformat
+
+    meta = {"test": {"grade": True, "locked": True, "points": 1}, "instructor": {"locked": True}, "student": {"solution": True}}[kind]
+    return nbformat.v4.new_code_cell("", metadata={"nbgrader": {"grade": False, "solution": False, "locked": False, **meta}})
+
+
 def test_only_plain_values_tensors_and_lent_objects_cross(tmp_path):
     """What arrives is built from data alone: no class of the sender's is ever instantiated by the receiver."""
     read_end, write_end = os.pipe()
@@ -153,6 +176,14 @@ def test_only_plain_values_tensors_and_lent_objects_cross(tmp_path):
         theirs = referee.Link(read_end, write_end, "runner")
         value = {"a": [1, 2.5, None, True], ("t", 3): b"\x00\x01"}
         assert ours.unpack(theirs.pack(value)) == value
+        import numpy as np
+        import torch
+
+        assert ours.unpack(theirs.pack({np.int64(4): np.float32(0.5)})) == {4: 0.5}
+        array = ours.unpack(theirs.pack(np.arange(6, dtype=np.int32).reshape(2, 3)))
+        assert isinstance(array, np.ndarray) and array.dtype == np.int32 and array.tolist() == [[0, 1, 2], [3, 4, 5]]
+        logits = torch.randn(3, 5, dtype=torch.bfloat16)
+        assert torch.equal(ours.unpack(theirs.pack(logits)), logits)
         handle = theirs.pack(object())
         assert isinstance(ours.unpack(handle), referee.Remote)
         with pytest.raises(TypeError, match="cannot hand a object"):

@@ -40,6 +40,7 @@ import nbformat
 from helpers.core.report import Report, column
 from helpers.course import assignments, intake, kit_use, references, sandbox
 from helpers.course.intake import safe_text
+from helpers.course.referee import REFEREE_FAILED
 from helpers.course.sandbox import Limits
 
 STATUS_FILE = "autograde_status.csv"
@@ -231,6 +232,8 @@ def grader_fault(run: sandbox.SandboxRun, code: list[tuple[int, object]], limits
     """
     roles = {index: role(cell) for index, cell in code}
     student_started = any(roles.get(index) == "student" for index in run.cells)
+    if run.refereed and run.returncode == REFEREE_FAILED:  # a status the referee alone ends with (never its runner's)
+        return "the referee, the process that runs this notebook's tests, failed (its traceback is in the grading log)"
     if run.stopped.startswith("wall-time") and first and not student_started and not run.tampered:
         return f"the wall-time limit ({limits.wall_s:g} s) passed before any student code ran: the grading machine was too slow to start the notebook"
     if run.tampered or run.stopped:

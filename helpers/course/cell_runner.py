@@ -301,6 +301,9 @@ class Runner:
         return InteractiveShell.instance(user_module=self.main, user_ns=self.main.__dict__)
 
     def send(self, **message) -> None:
+        self.send_message(message)
+
+    def send_message(self, message: dict) -> None:
         data = (json.dumps(message) + "\n").encode()
         view = memoryview(data)
         while view:

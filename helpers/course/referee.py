@@ -39,6 +39,7 @@ MAX_DEPTH = 32  # nesting of a value that crosses the boundary
 MESSAGE_CHARS = 2000  # of an exception's message that crosses the boundary
 TENSOR_DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool")
 PR_SET_DUMPABLE = 4
+REFEREE_FAILED = 75  # the referee's own exit status when it fails; a runner's exit with it is reported as 1
 
 
 class Tampered(Exception):
@@ -209,9 +210,13 @@ class Link:
             return {"dict": [[self.pack(k, depth + 1), self.pack(v, depth + 1)] for k, v in value.items()]}
         if isinstance(value, (bytes, bytearray)):
             return {"bytes": base64.b64encode(bytes(value)).decode()}
-        torch = sys.modules.get("torch")
+        torch, numpy = sys.modules.get("torch"), sys.modules.get("numpy")
         if torch is not None and isinstance(value, torch.Tensor):
             return _pack_tensor(value)
+        if numpy is not None and isinstance(value, numpy.generic):  # a numpy scalar arrives as the Python number
+            return self.pack(value.item(), depth + 1)
+        if numpy is not None and isinstance(value, numpy.ndarray) and torch is not None:
+            return {**_pack_tensor(torch.from_numpy(numpy.ascontiguousarray(value))), "numpy": True}
         if isinstance(value, Remote) and value._link is self:
             return {"yours": value._number}
         if isinstance(value, View) and value._link is self:
@@ -254,7 +259,8 @@ class Link:
         if "bytes" in data:
             return base64.b64decode(str(data["bytes"]), validate=True)
         if "tensor" in data:
-            return _unpack_tensor(data)
+            tensor = _unpack_tensor(data)
+            return tensor.numpy() if data.get("numpy") is True else tensor
         if "yours" in data:
             return self.own(data["yours"])
         if "handle" in data and self.side == "referee":
@@ -421,8 +427,8 @@ class Referee(Runner):
         try:
             for cell in self.job["cells"]:
                 index = cell["index"]
-                start = self.expect_event("start", index)
-                self.send(**start)
+                self.expect_event("start", index)
+                self.send(event="start", cell=index)
                 if cell["role"] == "test":
                     outcome = self.run_cell(cell)
                     if self.link.tampered:
@@ -432,10 +438,10 @@ class Referee(Runner):
                 elif cell["role"] == "instructor":
                     own = self.run_cell(cell)
                     theirs = self.expect_event("end", index)
-                    outcome = own if own.get("error") else {k: v for k, v in theirs.items() if k not in ("event", "cell")}
+                    outcome = own if own.get("error") else theirs
                 else:
-                    outcome = {k: v for k, v in self.expect_event("end", index).items() if k not in ("event", "cell")}
-                self.send(event="end", cell=index, **outcome)
+                    outcome = self.expect_event("end", index)
+                self.send_message({**outcome, "event": "end", "cell": index})  # the runner's keys are data, never arguments
             self.expect_event("done", None)
             self.send(event="done")
         except Tampered as error:
@@ -517,7 +523,8 @@ def _exit_as_child(child: int) -> None:
         _, status = os.waitpid(child, 0)
     except ChildProcessError:
         os._exit(0)
-    os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
+    code = 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+    os._exit(1 if code == REFEREE_FAILED else code)
 
 
 def runner_job(job: dict) -> dict:
@@ -584,5 +591,5 @@ def main() -> None:
         import traceback
 
         os.write(log, traceback.format_exc().encode())
-        os._exit(70)
+        os._exit(REFEREE_FAILED)  # the grader's failure, not the student's (helpers.course.autograde.grader_fault)
     os._exit(0)

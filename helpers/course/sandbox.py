@@ -154,6 +154,7 @@ class SandboxRun:
     finished: bool = False
     stopped: str = ""  # why the grader stopped it (a limit, tampering), '' when it ended by itself
     tampered: str = ""
+    refereed: bool = False  # the referee ran the tests (helpers.course.referee)
     returncode: int | None = None
     seconds: float = 0.0
     log: str = ""
@@ -340,7 +341,7 @@ def _run(staging: Path, job: dict, limits: Limits, deadline: float, jobs: int, t
     started = time.monotonic()
     process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
                                cwd=cwd, start_new_session=start_new_session)
-    run = SandboxRun()
+    run = SandboxRun(refereed=entry == REFEREE)
     try:
         process.stdin.write(json.dumps(job).encode() + b"\n")
         process.stdin.flush()
