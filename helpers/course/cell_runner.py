@@ -537,7 +537,8 @@ def _on_cpu_limit(signum, frame):
     raise CpuLimitError("the process used up its CPU time")
 
 
-def _copy_input(source: Path, destination: Path) -> None:
+def copy_input(source: Path, destination: Path) -> None:
+    """Copy the submission's files into the working folder and enter it (the runner, or the referee for it)."""
     destination.mkdir(parents=True, exist_ok=True)
     if source.exists():
         for path in source.iterdir():
@@ -570,7 +571,7 @@ def main() -> None:
     sys.stdin = open(0, closefd=False)
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a file past the size limit raises EFBIG instead of killing us
     Path(os.environ.get("HOME", "/tmp/home")).mkdir(parents=True, exist_ok=True)
-    _copy_input(Path(job.get("input", INPUT)), Path(job["workdir"]))
+    copy_input(Path(job.get("input", INPUT)), Path(job["workdir"]))
     try:
         runner = Runner(job, channel, grader_in)
         spill = os.open(job.get("spill", "/tmp/.fd-output"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

@@ -571,7 +571,7 @@ def main() -> None:
         job = cell_runner.read_job(grader_in)
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         Path(os.environ.get("HOME", "/tmp/home")).mkdir(parents=True, exist_ok=True)
-        cell_runner._copy_input(Path(job.get("input", cell_runner.INPUT)), Path(job["workdir"]))
+        cell_runner.copy_input(Path(job.get("input", cell_runner.INPUT)), Path(job["workdir"]))
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         referee = Referee(job, channel, grader_in)
