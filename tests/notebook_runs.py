@@ -2,12 +2,16 @@
 
 Many cells wait (servers starting, Prometheus scraping, Ray, process groups forming) while a second notebook
 can use the cores. The notebooks in ``alone`` (their checks compare timings) run first, one at a time, with
-nothing beside them; the rest follow, ``jobs`` at a time. ``result(notebook)`` waits for that notebook's run.
+nothing beside them; the rest follow, ``jobs`` at a time, each with ``cores // jobs`` threads for torch and its
+math libraries: two notebooks with two threads each on two cores spend most of their time waiting on threads the
+other one holds (a 2-token forward pass of SmolLM2 measured 3 s that way, 0.44 s with one thread each).
+``result(notebook)`` waits for that notebook's run.
 """
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -22,6 +26,7 @@ from .process_watch import StartedProcesses
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK_TIMEOUT_S = 900
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")  # read by torch, numpy and the kernels
 
 # One notebook's run, in a fresh interpreter: the result as one JSON line on stdout.
 RUN_ONE = """
@@ -50,21 +55,24 @@ class WatchedNotebookRuns:
         self.out, self.root, self.parameters, self.timeout = out, root, parameters or {}, timeout
         self.deadline = deadline  # time.monotonic() by which every run is stopped, whenever it started
         first = [nb for nb in notebooks if nb in set(alone)]
+        self.shared_threads = max(1, (os.cpu_count() or 1) // jobs)  # for the runs that share the machine
         self._solo = ThreadPoolExecutor(max_workers=1)
         self._pool = ThreadPoolExecutor(max_workers=jobs)
-        self._futures = {nb: self._solo.submit(self._run, nb) for nb in first}
+        self._futures = {nb: self._solo.submit(self._run, nb, None) for nb in first}
         self._gate = threading.Event()  # set once the others are queued, after every notebook that runs alone
         threading.Thread(target=self._queue_others, args=(first, [nb for nb in notebooks if nb not in first]), daemon=True).start()
 
     def _queue_others(self, first: list[Path], others: list[Path]) -> None:
         for notebook in first:
             self._futures[notebook].exception()  # waits for it
-        self._futures.update({nb: self._pool.submit(self._run, nb) for nb in others})
+        self._futures.update({nb: self._pool.submit(self._run, nb, self.shared_threads) for nb in others})
         self._gate.set()
 
-    def _run(self, notebook: Path) -> tuple[dict, StartedProcesses]:
+    def _run(self, notebook: Path, threads: int | None) -> tuple[dict, StartedProcesses]:
+        """One notebook in an interpreter of its own; ``threads`` caps torch's and the math libraries' (None: their default)."""
         command = [sys.executable, "-c", RUN_ONE, str(notebook), str(self.out), str(self.root), json.dumps(self.parameters)]
-        process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        env = {**os.environ, **({name: str(threads) for name in THREAD_VARIABLES} if threads else {})}
+        process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         start, stopped = time.monotonic(), False
         with StartedProcesses(root=process.pid) as started:
             try:

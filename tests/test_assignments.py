@@ -3,9 +3,10 @@
 Generic: a new assignment folder is covered with no new test. One temporary copy of the
 course goes through the whole pipeline once (make release, submissions dropped into
 submitted/, make autograde, make grades, make feedback) and the checks below read its
-results:
+results. The source notebooks are checked by the runner that grades them (alice's run), not by a second
+execution under a Jupyter kernel:
 
-- alice hands in the solutions (100%), bob the untouched student version (0%),
+- alice hands in the solutions (100%, every cell passing, no server left listening), bob the untouched student version (0%),
   carol one part only, the student version with task 1 solved (exactly that task's points),
   dmitri a corrupt first notebook (failed with its reason, 0%),
   zoe, who is not on the roster, the last notebook only (graded all the same),
@@ -18,17 +19,15 @@ from __future__ import annotations
 import csv
 import html
 import re
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from helpers.course import assignments, autograde, kit_use
+from helpers.course import assignments, autograde
 from helpers.course.grading import WEIGHTS, Course, course_grade, read_status
 
-from .grading_support import ROOT, TEST_GRADING_SEED, copy_course, hidden_test_lines, make, submit
-from .notebook_runs import WatchedNotebookRuns, processes_behaved
+from .grading_support import ROOT, copy_course, hidden_test_lines, make, submit
 
 pytestmark = [pytest.mark.notebooks, pytest.mark.grading, pytest.mark.instructor, pytest.mark.timeout(2400)]  # the module fixture grades the whole course
 
@@ -51,32 +50,6 @@ def test_assignment_follows_the_authoring_convention(assignment):
 def test_every_test_cell_says_what_it_checks_and_which_property_failed(assignment):
     """The feedback teaches: each test cell prints what it checks, each assert names the property and by how much."""
     assert assignments.feedback_problems(SOURCE / assignment) == []
-
-
-@pytest.fixture(scope="module")
-def source_runs(request, tmp_path_factory):
-    """The selected source notebooks, run in copies of their folders (nothing is written into the repository): two at
-    a time, those the assignment declares timing-sensitive alone, each in a process of its own that is watched."""
-    selected = [(item.callspec.params["assignment"], item.callspec.params["notebook"]) for item in request.session.items
-                if getattr(item, "originalname", "") == "test_source_notebook_passes_all_its_tests_under_papermill"]
-    copies = tmp_path_factory.mktemp("source")
-    for assignment in dict.fromkeys(a for a, _ in selected):
-        shutil.copytree(SOURCE / assignment, copies / assignment)
-    notebooks = [copies / a / nb for a, nb in selected]
-    alone = [copies / a / nb for a, nb in selected if nb in kit_use.declaration(SOURCE / a).timing_sensitive]
-    # the hidden tests' GRADING_SEED, which the grader defines at the top of each hidden part (papermill injects it here)
-    runs = WatchedNotebookRuns(notebooks, tmp_path_factory.mktemp("executed"), copies, parameters={autograde.SEED_NAME: TEST_GRADING_SEED},
-                               alone=alone)
-    yield runs
-    runs.close()
-
-
-@pytest.mark.parametrize("assignment, notebook", NOTEBOOKS)
-def test_source_notebook_passes_all_its_tests_under_papermill(assignment, notebook, source_runs):
-    run, started = source_runs.result(source_runs.root / assignment / notebook)
-    if run["status"] != "ok":
-        pytest.fail(f"{assignment}/{notebook} (with solutions) failed after {run['seconds']:.0f} s:\n{run['error']}", pytrace=False)
-    processes_behaved(started)
 
 
 # ---------------------------------------------------------------- one pass of the whole pipeline
@@ -158,6 +131,20 @@ def test_solutions_score_full_marks(graded, assignment):
 
 
 @pytest.mark.parametrize("assignment, notebook", NOTEBOOKS)
+def test_source_notebook_passes_every_test_when_graded_and_stops_its_servers(graded, assignment, notebook):
+    """Alice's solutions as the grader ran them (the one way the kit executes an assignment notebook): no cell failed,
+    and nothing the notebook started was still listening after its last cell."""
+    nb = assignments.read(graded.course / "autograded" / "alice" / assignment / notebook)
+    failed = {assignments.grade_id(c) or i: [o.get("evalue", "")[:300] for o in c.outputs if o.get("output_type") == "error"]
+              for i, c in enumerate(nb.cells) if c.cell_type == "code"}
+    failed = {cell: errors for cell, errors in failed.items() if errors}
+    assert not failed, f"{assignment}/{notebook} (with solutions) failed when graded: {failed}"
+    left = [note for note in graded.outcome("alice", assignment)["reason"].split("; ")
+            if note.startswith(notebook) and autograde.LEFT_LISTENING in note]
+    assert not left, left
+
+
+@pytest.mark.parametrize("assignment, notebook", NOTEBOOKS)
 def test_released_notebook_holds_no_solution_and_no_hidden_test(graded, assignment, notebook):
     source = assignments.read(SOURCE / assignment / notebook)
     released = assignments.read(graded.course / "release" / assignment / notebook)
@@ -175,9 +162,7 @@ def test_released_notebook_holds_no_solution_and_no_hidden_test(graded, assignme
 
 @pytest.mark.parametrize("assignment, notebook", NOTEBOOKS)
 def test_released_notebook_runs_to_the_end_where_only_test_cells_fail(graded, assignment, notebook):
-    """Bob's untouched student version as the grader ran it: every cell ran, and only autograded tests failed.
-
-    (The same setup cells run in a Jupyter kernel in test_source_notebook_passes_all_its_tests_under_papermill.)"""
+    """Bob's untouched student version as the grader ran it: every cell ran, and only autograded tests failed."""
     nb = assignments.read(graded.course / "autograded" / "bob" / assignment / notebook)
     unexecuted = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and c.source.strip() and c.execution_count is None]
     errored = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and any(o.get("output_type") == "error" for o in c.outputs)]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import socket
 import subprocess
 import sys
@@ -313,6 +314,23 @@ def test_a_cell_has_its_own_processes_and_no_network_exactly_where_bubblewrap_wo
         assert error is None, (error, run.log)
     else:  # the fallback: the cell sees the machine's processes and network, and the TA is told
         assert error is not None and "WITHOUT a sandbox" in sandbox.isolation()
+
+
+def test_servers_left_listening_after_the_last_cell_are_named_and_stopped_ones_are_not():
+    """The sandbox's network is the notebook's own, so what still listens after the last cell is what it left running."""
+    left = ("import socket, threading\nkept = []\nfor host in ('127.0.0.1', '0.0.0.0'):\n    s = socket.socket()\n"
+            "    s.bind((host, 0))\n    s.listen()\n    kept.append(s)\nports = [s.getsockname()[1] for s in kept]")
+    stopped = "closed = socket.socket()\nclosed.bind(('127.0.0.1', 0))\nclosed.listen()\nclosed.close()"
+    show = "print(ports)"
+    cells = [{"index": 0, "role": "student", "source": left}, {"index": 1, "role": "student", "source": stopped},
+             {"index": 2, "role": "student", "source": show}]
+    run = sandbox.run_notebook({}, {"cells": cells}, sandbox.Limits(cell_s=60), time.monotonic() + 120)
+    assert run.finished, run.log[-2000:]
+    if not sandbox.bubblewrap():  # the machine's network is shared: nothing can be said of the notebook's own servers
+        assert run.listening == []
+        return
+    ports = json.loads(run.cells[2].outcome["stdout"].strip())
+    assert run.listening == sorted([f"127.0.0.1:{ports[0]}", f"0.0.0.0:{ports[1]}"]), run.listening
 
 
 def test_a_cell_past_the_cpu_time_limit_fails_and_names_it():

@@ -46,6 +46,7 @@ from helpers.course.sandbox import Limits
 STATUS_FILE = "autograde_status.csv"
 RUNNER_VERSION = "sandbox-4"  # part of every fingerprint: a change of the grading machinery regrades everything
 GRADER_SIDE = "grader error (not the student's doing)"
+LEFT_LISTENING = "servers still listening when its last cell ended:"  # a note, never points (sandboxes with a network of their own)
 
 
 @dataclass
@@ -307,6 +308,8 @@ def run_notebook(nb, trusted: TrustedAssignment, files: dict[str, Path], limits:
         running = run.running
         where = f" while cell {assignments.grade_id(nb.cells[running]) or running} ran" if running is not None else ""
         notes.append(f"{stopped}{where}; the cells after it scored 0")
+    if run.listening:
+        notes.append(f"{LEFT_LISTENING} {', '.join(run.listening)} (the grader stopped them; a notebook stops the servers it starts)")
     log = f"sandbox exit status {run.returncode} after {run.seconds:.1f} s; finished: {run.finished}; {stopped or 'no limit hit'}\n{run.log}"
     return nb, notes, run.tampered, fault, log
 

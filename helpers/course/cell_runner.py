@@ -5,7 +5,7 @@ The grader (helpers.course.autograde) starts this in a sandbox (helpers.course.s
 line, to its stdin: the cells in order (source, role) and the limits. The runner copies the
 submission's files from ``/grading/in`` into its working folder, runs the cells, and writes one
 JSON line per event to the grader: ``start`` before a cell, ``end`` after it (outputs, error, notes),
-``done`` at the end. Everything the submission writes to file descriptors 1 and 2 goes to a file in
+``done`` at the end (with the servers still listening then, where the sandbox has a network of its own). Everything the submission writes to file descriptors 1 and 2 goes to a file in
 the sandbox instead, so that only the runner talks to the grader.
 
 **Hidden tests never enter the student's process.** The job holds only the visible part of each test
@@ -50,6 +50,7 @@ import linecache
 import os
 import shutil
 import signal
+import socket
 import sys
 import threading
 import time
@@ -313,7 +314,7 @@ class Runner:
         for cell in self.job["cells"]:
             self.send(event="start", cell=cell["index"])
             self.send(event="end", cell=cell["index"], **self.run_cell(cell))
-        self.send(event="done")
+        self.send(event="done", listening=servers_left_listening() if self.job.get("own_network") else [])
 
     def run_cell(self, cell: dict) -> dict:
         namespace = self.main.__dict__
@@ -535,6 +536,40 @@ def _on_alarm(signum, frame):
 
 def _on_cpu_limit(signum, frame):
     raise CpuLimitError("the process used up its CPU time")
+
+
+_monotonic, _sleep = time.monotonic, time.sleep  # as they were before any student code ran
+
+
+def listening_sockets() -> list[str]:
+    """The TCP sockets listening in this network namespace, as "address:port" (read from /proc/net/tcp and tcp6)."""
+    found = set()
+    for table, family in (("/proc/net/tcp", socket.AF_INET), ("/proc/net/tcp6", socket.AF_INET6)):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if len(fields) > 3 and fields[3] == "0A":  # TCP_LISTEN
+                address, port = fields[1].split(":")
+                raw = bytes.fromhex(address)  # 32-bit words in the host's (little-endian) order
+                packed = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+                host = socket.inet_ntop(family, packed)
+                found.add(f"{host}:{int(port, 16)}" if family == socket.AF_INET else f"[{host}]:{int(port, 16)}")
+    return sorted(found)
+
+
+def servers_left_listening(grace_s: float = 2.0) -> list[str]:
+    """The sockets still listening after the last cell (a server the notebook started and never stopped); a server
+    that is shutting down gets ``grace_s`` to close its socket."""
+    try:
+        deadline = _monotonic() + grace_s
+        while (listening := listening_sockets()) and _monotonic() < deadline:
+            _sleep(0.1)
+        return listening
+    except Exception:  # noqa: BLE001 - a note for the student, never a reason for the run to fail
+        return []
 
 
 def copy_input(source: Path, destination: Path) -> None:

@@ -442,8 +442,8 @@ class Referee(Runner):
                 else:
                     outcome = self.expect_event("end", index)
                 self.send_message({**outcome, "event": "end", "cell": index})  # the runner's keys are data, never arguments
-            self.expect_event("done", None)
-            self.send(event="done")
+            done = self.expect_event("done", None)
+            self.send(event="done", listening=done.get("listening", []))  # the sandbox bounds and checks it
         except Tampered as error:
             self.send(event="tampered", reason=str(error)[:300])
             _stop(self.child)

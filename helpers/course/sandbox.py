@@ -155,6 +155,7 @@ class SandboxRun:
     stopped: str = ""  # why the grader stopped it (a limit, tampering), '' when it ended by itself
     tampered: str = ""
     refereed: bool = False  # the referee ran the tests (helpers.course.referee)
+    listening: list[str] = field(default_factory=list)  # servers the notebook left listening after its last cell
     returncode: int | None = None
     seconds: float = 0.0
     log: str = ""
@@ -323,7 +324,7 @@ def _run(staging: Path, job: dict, limits: Limits, deadline: float, jobs: int, t
     entry = REFEREE if job.get("referee") else RUNNER
     if bubblewrap():
         command = bwrap_command(staging, limits, jobs, env, uid, references, entry)
-        job.update(workdir=SANDBOX_WORK, input=SANDBOX_INPUT, spill="/tmp/.fd-output")
+        job.update(workdir=SANDBOX_WORK, input=SANDBOX_INPUT, spill="/tmp/.fd-output", own_network=True)
         cwd, start_new_session = None, False
     else:
         private = Path(tempfile.mkdtemp(prefix=scratch_prefix("edl-sandbox-")))
@@ -421,6 +422,8 @@ def _follow(run: SandboxRun, job: dict, events: queue.Queue, limits: Limits, dea
             return
         if kind == "done" and position == len(expected) and not in_cell:
             run.finished = True
+            listening = event.get("listening")
+            run.listening = [safe_text(str(a), 60) for a in listening[:10]] if isinstance(listening, list) else []
             return
         wanted = expected[position] if position < len(expected) else None
         current = run.cells.get(index) if in_cell and index == wanted else None

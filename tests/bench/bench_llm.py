@@ -124,7 +124,7 @@ def timed(section):
 
 # --- batch-1 decode ---------------------------------------------------------------------------------------------------
 def batch1_decode(setup: Setup, quick: bool) -> DecodeReport:
-    tokens, rounds = (16, 1) if quick else (128, 3)
+    tokens, rounds = (8, 1) if quick else (128, 3)
     prompt = setup.tokenizer.encode_chat([{"role": "user", "content": "Tell me a long story about a robot who learns to paint."}])
     systems = {"kit engine": lambda: engine_decode_times(setup.model, prompt, tokens),
                "transformers generate": lambda: transformers_decode_times(setup.reference, prompt, tokens)}
@@ -197,8 +197,8 @@ def feature_reports(setup: Setup, quick: bool):
     tok, model = setup.tokenizer, setup.model
     source = tok.encode(Path(llama_module.__file__).read_text())    # the kit's model code: long, fixed text
     paging_prompts = chat_prompts(tok, (PAGING_QUESTIONS + QUESTIONS)[:6 if quick else 16])
-    paging = timed(lambda: paging_runs(model, paging_prompts, max_tokens=64 if quick else 128, num_blocks=24 if quick else 64,
-                                       small_pool=12 if quick else 20))
+    paging = timed(lambda: paging_runs(model, paging_prompts, max_tokens=24 if quick else 128, num_blocks=12 if quick else 64,
+                                       small_pool=6 if quick else 20))
 
     system = "You are a helpful assistant for a course on efficient deep learning. Here is the course's model code:\n" + \
         tok.decode(source[:450])
@@ -216,7 +216,7 @@ def feature_reports(setup: Setup, quick: bool):
              "fix this text": f"Rewrite this text, correcting nothing else than its spelling:\n{COPY_TEXT.replace('quick', 'quikc')}",
              "plain chat": "Tell me a long story about a robot who learns to paint."}
     prompts = {name: tok.encode_chat([{"role": "user", "content": text}]) for name, text in tasks.items()}
-    speculative = timed(lambda: speculative_runs(model, prompts, max_tokens=32 if quick else 128, k=4, rounds=1 if quick else 2))
+    speculative = timed(lambda: speculative_runs(model, prompts, max_tokens=16 if quick else 128, k=4, rounds=1 if quick else 2))
     return paging, prefix, chunked, speculative
 
 
@@ -277,8 +277,8 @@ def run(quick: bool) -> BenchResult:
     decode = timed(lambda: batch1_decode(setup, quick))
     warm_up(setup, prompts)
 
-    count, budgets = (6, (8, 16)) if quick else (24, (16, 32, 64, 128))
-    sizes = (1, 6) if quick else (1, 8, 16)
+    count, budgets = (4, (8,)) if quick else (24, (16, 32, 64, 128))
+    sizes = (1, 4) if quick else (1, 8, 16)
     saturated = timed(lambda: serving(setup, chat_workload(prompts, count, max_tokens=budgets), "all at once (saturation)",
                                       sizes, slo, "Serving at saturation: every request at t = 0"))
     # The open loop offers 60% of what continuous batching answered at saturation: within its capacity, not static's.
