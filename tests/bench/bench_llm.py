@@ -197,7 +197,7 @@ def feature_reports(setup: Setup, quick: bool):
     tok, model = setup.tokenizer, setup.model
     source = tok.encode(Path(llama_module.__file__).read_text())    # the kit's model code: long, fixed text
     paging_prompts = chat_prompts(tok, (PAGING_QUESTIONS + QUESTIONS)[:6 if quick else 16])
-    paging = timed(lambda: paging_runs(model, paging_prompts, max_tokens=24 if quick else 128, num_blocks=12 if quick else 64,
+    paging = timed(lambda: paging_runs(model, paging_prompts, max_tokens=40 if quick else 128, num_blocks=12 if quick else 64,
                                        small_pool=6 if quick else 20))
 
     system = "You are a helpful assistant for a course on efficient deep learning. Here is the course's model code:\n" + \
