@@ -150,15 +150,15 @@ def tiny_course(root: Path, parts: dict[str, dict[str, dict[int, float]]], grade
 def tasks_only(nb, tasks: set[int]):
     """A copy of ``nb`` cut to its code cells that belong to no task and to ``tasks``: a shortcut's run costs those
     tasks' cells only (a task's tests never use another task's work: they take the instructors' files)."""
+    trimmed = nbformat.reads(nbformat.writes(nb), as_version=4)
     kept = []
-    for cell in nbformat.reads(nbformat.writes(nb), as_version=4).cells:
+    for cell in trimmed.cells:
         owner, grade_id = assignments.task_of(cell), assignments.grade_id(cell)
         setup_of = re.match(r"setup_task(\d+)", grade_id or "")
         if owner is None and setup_of:  # a setup cell that only one task's cells use
             owner = int(setup_of.group(1))
         if cell.cell_type == "code" and (owner is None or owner in tasks):
             kept.append(cell)
-    trimmed = nbformat.reads(nbformat.writes(nb), as_version=4)
     trimmed.cells = kept
     return trimmed
 

@@ -5,8 +5,9 @@ The grader (helpers.course.autograde) starts this in a sandbox (helpers.course.s
 line, to its stdin: the cells in order (source, role) and the limits. The runner copies the
 submission's files from ``/grading/in`` into its working folder, runs the cells, and writes one
 JSON line per event to the grader: ``start`` before a cell, ``end`` after it (outputs, error, notes),
-``done`` at the end (with the servers still listening then, where the sandbox has a network of its own). Everything the submission writes to file descriptors 1 and 2 goes to a file in
-the sandbox instead, so that only the runner talks to the grader.
+``done`` at the end (with the servers still listening then, where the sandbox has a network of its own).
+Everything the submission writes to file descriptors 1 and 2 goes to a file in the sandbox instead, so that
+only the runner talks to the grader.
 
 **Hidden tests never enter the student's process.** The job holds only the visible part of each test
 cell and the length of its hidden part. When the visible part has passed, the runner forks: the child
