@@ -112,14 +112,17 @@ llama-cpp: setup
 bench: setup sandbox-tool $(if $(filter-out llm,$(B)),,llama-cpp)
 	$(if $(ROUNDS),EDL_ROUNDS=$(ROUNDS)) $(if $(A),EDL_ASSIGNMENTS="$(A)") $(PY) -m tests.bench --out build/bench $(if $(B),--only $(B)) $(if $(QUICK),--quick)
 
+# make test runs the suite on TEST_WORKERS pytest-xdist workers (whole modules each, the heavy ones first; 0: in one
+# process). Two on 2 cores: much of the suite waits on servers, sandboxes and process starts with a core idle.
+TEST_WORKERS ?= 2
 test: setup sandbox-tool browser-tool monitor-tool
 	$(VENV)/bin/ruff check . $(shell $(PY) -m helpers.course.sealed --lint-excludes)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 FAST_LANE := not (notebooks or grading or browser or gpu or slow)
 test-fast: setup
 	$(VENV)/bin/ruff check . $(shell $(PY) -m helpers.course.sealed --lint-excludes)
-	$(PY) -m pytest -m "$(FAST_LANE)" $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) -m "$(FAST_LANE)" $(PYTEST_ARGS)
 
 test-gpu: setup
 	@$(PY) -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else "make test-gpu runs the tests marked gpu on a CUDA GPU: this machine has none")'

@@ -12,6 +12,23 @@ from helpers.course import sealed
 ROOT = Path(__file__).resolve().parents[1]
 LOCKED = sealed.locked(ROOT / "assignments" / "source")  # cloned without the instructor key
 KEY_USED = os.environ.get("EDL_INSTRUCTOR_KEY") == "unlocked"  # .ci/run unlocked with the key: nothing may be skipped as sealed
+HEAVY_LANES = ("notebooks", "grading", "browser", "slow")  # a module in one of these runs for minutes; the first, longest
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")  # read by torch, numpy and the kernels
+
+
+def _share_the_cores_between_workers() -> None:
+    """Under pytest-xdist (make test runs TEST_WORKERS of them), each worker and every process it starts gets its share of
+    the cores as threads: two workers at torch's default of one thread per core would run OpenMP's teams on cores the
+    other worker holds, which on 2 cores made a forward pass several times slower than on one thread alone."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers <= 1:
+        return
+    share = str(max(1, len(os.sched_getaffinity(0)) // workers))
+    for name in THREAD_VARIABLES:
+        os.environ.setdefault(name, share)
+
+
+_share_the_cores_between_workers()
 
 
 
@@ -71,6 +88,7 @@ def pytest_collection_modifyitems(config, items):
     Tests marked ``instructor`` need the sealed instructor material: on a checkout without the key each is skipped."""
     import torch
 
+    _heavy_modules_first(items)
     if LOCKED:
         for item in items:
             if "instructor" in item.keywords:
@@ -81,6 +99,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def _heavy_modules_first(items: list) -> None:
+    """Modules by their heaviest lane (notebooks, then grading, ...), each module's tests together and in order:
+    pytest-xdist hands out whole modules (--dist loadfile) as workers come free, so the long ones start first."""
+    def module(item) -> str:
+        return item.nodeid.split("::")[0]
+
+    rank: dict[str, int] = {}
+    for item in items:
+        lanes = [i for i, lane in enumerate(HEAVY_LANES) if item.get_closest_marker(lane)]
+        rank[module(item)] = min([rank.get(module(item), len(HEAVY_LANES)), *lanes])
+    items.sort(key=lambda item: rank[module(item)])
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

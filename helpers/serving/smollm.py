@@ -205,7 +205,7 @@ def _build_cache(dtype: torch.dtype) -> tuple[dict[str, torch.Tensor], LlamaConf
     config = read_config(_reader(source))
     tensors = {k: v.to(dtype).contiguous() for k, v in dequantised(source, config).items()}
     cache = build_dir("models") / f"{MODEL_ID}.{str(dtype).removeprefix('torch.')}.safetensors"
-    partial = cache.with_suffix(".partial")
+    partial = cache.with_suffix(f".{os.getpid()}.partial")  # two processes building at once never share one
     save_file(tensors, partial, metadata={**_stamp(source), "config": json.dumps(asdict(config))})
     partial.chmod(0o644)  # readable by a grading sandbox's user
     partial.replace(cache)  # whole or not at all: an interrupted first load leaves no half-written cache
