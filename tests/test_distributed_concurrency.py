@@ -4,10 +4,10 @@ from __future__ import annotations
 import sys
 
 import cloudpickle
+import pytest
 import torch
 from torch.utils.data import Dataset
 
-from helpers.core.report import startswith
 from helpers.distributed.concurrency import dataloader_demo, gil_demo, shared_memory_demo, start_costs
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the work and the data set below run in worker processes
@@ -48,17 +48,19 @@ def test_shared_memory_passes_a_handle_and_the_child_writes_through():
     assert shared.pickled_bytes < 4096 and shared.parent_sees_change
 
 
-def test_gil_demo_runs_every_method_on_both_workloads():
-    demo = gil_demo({"pure Python": (python_work, (20_000,)), "torch matmul": (torch_work, (32, 2))}, tasks=2)
+def test_gil_demo_runs_every_method_on_both_workloads_and_threads_do_not_speed_up_python():
+    demo = gil_demo({"pure Python": (python_work, (200_000,)), "torch matmul": (torch_work, (32, 2))}, tasks=2)
     assert len(demo.rows) == 6 and all(0 < r.seconds <= r.slowest for r in demo.rows)
-    assert demo.find(work="pure Python", method=startswith("serial")).speedup == 1.0
+    threads = demo.find(work="pure Python", method="2 threads")
+    assert threads.speedup < 1.5, demo  # the GIL lets one thread run Python at a time: two take about as long as one after another
     demo.plot()
 
 
 def test_loaders_return_every_item():
-    demo = dataloader_demo(Numbered(16), batch_size=4, workers=2)
+    demo = dataloader_demo(Numbered(18), batch_size=4, workers=2)
     assert [r.loader.split(",")[0] for r in demo.rows] == ["DataLoader", "2 threads", "DataLoader"]
-    assert all(r.items_per_s > 0 for r in demo.rows)
+    assert all(r.items == 18 for r in demo.rows), demo  # counted in the batches, the last one short
+    assert all(r.items_per_s == pytest.approx(r.items / r.seconds) for r in demo.rows)
 
 
 def test_start_costs_list_threads_and_processes():

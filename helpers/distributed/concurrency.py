@@ -259,6 +259,7 @@ class LoaderRun:
     slowest: float = column("slowest", format_seconds)
     items_per_s: float = column("items/s", ",.0f")
     speedup: float = column("speedup", ".2f")
+    items: int = column("items per epoch", ",d")  # counted in the batches the loader gave
 
 
 class LoaderDemo(Report):
@@ -281,11 +282,12 @@ class _ThreadedLoader:
             yield torch.stack(list(self.pool.map(self.dataset.__getitem__, indices)))
 
 
-def _epoch_seconds(loader) -> float:
-    start = time.perf_counter()
-    for _ in loader:
-        pass
-    return time.perf_counter() - start
+def _epoch(loader) -> tuple[float, int]:
+    """One pass over ``loader``: its seconds and the items its batches held."""
+    start, items = time.perf_counter(), 0
+    for batch in loader:
+        items += len(batch)
+    return time.perf_counter() - start, items
 
 
 def dataloader_demo(dataset: Dataset, batch_size: int = 32, workers: int | None = None, repeats: int = 3) -> LoaderDemo:
@@ -299,17 +301,20 @@ def dataloader_demo(dataset: Dataset, batch_size: int = 32, workers: int | None 
     loaders = {"DataLoader, num_workers=0": DataLoader(dataset, batch_size=batch_size), f"{workers} threads": threaded,
                f"DataLoader, num_workers={workers} (processes)": processes_loader}
     times: dict[str, list[float]] = {name: [] for name in loaders}
+    items: dict[str, set[int]] = {name: set() for name in loaders}
     try:
-        _epoch_seconds(processes_loader)  # the first epoch starts the worker processes
+        _epoch(processes_loader)  # the first epoch starts the worker processes
         with load.OtherLoad() as other:
             for _ in range(repeats):
                 for name, loader in loaders.items():  # the loaders take turns: a busy moment of the machine hits them alike
-                    times[name].append(_epoch_seconds(loader))
+                    seconds, count = _epoch(loader)
+                    times[name].append(seconds)
+                    items[name].add(count)
         load.record(other.cores)
     finally:
         threaded.pool.shutdown()
         del processes_loader, loaders
     serial = min(times["DataLoader, num_workers=0"])
-    rows = [LoaderRun(name, min(t), max(t), length / min(t), serial / min(t)) for name, t in times.items()]
+    rows = [LoaderRun(name, min(t), max(t), min(items[name]) / min(t), serial / min(t), min(items[name])) for name, t in times.items()]
     return LoaderDemo(rows, [f"{length} items, {format_seconds(serial / length)} each to read at best; {available_cores()} CPU cores. "
                              f"{repeats} epochs each, taking turns; the process loader's workers were started before timing."])

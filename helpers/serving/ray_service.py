@@ -65,7 +65,7 @@ def build_app(model_path: str, max_batch_size: int, max_wait_ms: float):
     return DigitClassifier.bind()
 
 
-def start_ray(ray, scratch: str, attempts: int = 3) -> None:
+def start_ray(ray, scratch: str, attempts: int = 6) -> None:
     """``ray.init`` on this machine only; tried again when the raylet misses Ray's fixed 30 s start-up window (a busy machine)."""
     for attempt in range(1, attempts + 1):
         try:
@@ -115,7 +115,7 @@ def main() -> None:
             shutil.rmtree(scratch, ignore_errors=True)
 
 
-def start_ray_service(batch_size: int = 32, max_wait_ms: float = 2.0, startup_timeout: float = 180.0):
+def start_ray_service(batch_size: int = 32, max_wait_ms: float = 2.0, startup_timeout: float = 420.0):
     """Ray Serve with the model as a child process on a free port (a ServedProcess; ``.url`` + "/predict")."""
     import sys
 

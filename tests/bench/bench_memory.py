@@ -16,7 +16,7 @@ from pathlib import Path
 
 from helpers.core.report import Report, column, format_bytes, format_seconds
 
-from . import BenchResult, Target
+from . import BenchResult, Target, full_runs_only
 
 ROOT = Path(__file__).resolve().parents[2]
 CHILD = """
@@ -78,7 +78,7 @@ def run(quick: bool) -> BenchResult:
     for row in rows:
         targets += [
             Target.at_least(f"{row.setting}: parameters (billions)", row.parameters / 1e9, 1.0),
-            Target.at_most(f"{row.setting}: whole process, seconds", row.process_s, 60, " s"),
+            *full_runs_only([Target.at_most(f"{row.setting}: whole process, seconds", row.process_s, 60, " s")], quick),
             Target.at_most(f"{row.setting}: peak RSS, GiB", row.max_rss_bytes / 2**30, 2, " GiB"),
         ]
     return BenchResult("memory", [report], targets)
