@@ -275,9 +275,11 @@ class Engine:
         self.waiting.clear()
         self.running.clear()
         for request in pending:
-            if not request.done:
-                self._finish(request, "abort", now)
-            self._free(request)
+            if request.done:  # finished in the step that failed: freed and told now
+                self._free(request)
+                self._tell_end(request)
+            else:
+                self._finish(request, "abort", now)  # no longer running: freed and told at once
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.inbox)
@@ -421,6 +423,7 @@ class Engine:
         for request in [r for r in self.running if r.done]:
             self.running.remove(request)
             self._free(request)
+            self._tell_end(request)
         self.stats.steps += 1
         return produced
 
@@ -442,6 +445,12 @@ class Engine:
         self.stats.finished[reason] = self.stats.finished.get(reason, 0) + 1
         if request not in self.running:
             self._free(request)
+            self._tell_end(request)
+        # a running request is freed at the end of this step, and only then told it ended (step())
+
+    @staticmethod
+    def _tell_end(request: Request) -> None:
+        """The request's consumer learns it ended once its blocks are back in the pool."""
         if request.on_token:
             request.on_token(request, None)
 
