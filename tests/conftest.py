@@ -7,13 +7,14 @@ from pathlib import Path
 import pytest
 
 import helpers  # noqa: F401  (quietens torch's import-time warnings before any test imports torch pieces)
+from helpers.core.workers import available_cores
 from helpers.course import sealed
+from tests.notebook_runs import THREAD_VARIABLES
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCKED = sealed.locked(ROOT / "assignments" / "source")  # cloned without the instructor key
 KEY_USED = os.environ.get("EDL_INSTRUCTOR_KEY") == "unlocked"  # .ci/run unlocked with the key: nothing may be skipped as sealed
 HEAVY_LANES = ("notebooks", "grading", "browser", "slow")  # a module in one of these runs for minutes; the first, longest
-THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")  # read by torch, numpy and the kernels
 
 
 def _share_the_cores_between_workers() -> None:
@@ -23,7 +24,7 @@ def _share_the_cores_between_workers() -> None:
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers <= 1:
         return
-    share = str(max(1, len(os.sched_getaffinity(0)) // workers))
+    share = str(max(1, available_cores() // workers))
     for name in THREAD_VARIABLES:
         os.environ.setdefault(name, share)
 
