@@ -331,3 +331,26 @@ def test_a_servers_scratch_folder_goes_after_its_whole_tree_has_stopped(tmp_path
         assert any(scratch.iterdir()) and served.running
     assert not scratch.exists() and not served.running
 
+
+
+AGENT_PORTS_SEEN = """
+import json
+from helpers.serving.ray_service import AGENT_PORTS, agents_on_ports_chosen_here
+agents_on_ports_chosen_here()
+from ray._private import parameter, services
+params = parameter.RayParams()
+raylet = services.start_ray_process(["echo"], "raylet", fate_share=False).process
+worker = services.start_ray_process(["echo"], "worker", fate_share=False).process
+raylet.wait(), worker.wait()
+print(json.dumps({"ports": {name: getattr(params, name) for name in AGENT_PORTS}, "raylet": raylet.args, "worker": worker.args}))
+"""
+
+
+def test_the_ray_services_raylet_is_given_every_agent_port_so_it_waits_for_no_agent():
+    """Ray 2.60's raylet aborts when an agent takes over 15 s to report a port it chose itself (a busy machine)."""
+    seen = json.loads(subprocess.run([sys.executable, "-c", AGENT_PORTS_SEEN], capture_output=True, text=True, check=True,
+                                     timeout=120).stdout.splitlines()[-1])
+    ports = seen["ports"]
+    assert len(set(ports.values())) == 4 and all(1024 < port < 65536 for port in ports.values())
+    assert seen["raylet"] == ["echo", f"--dashboard_agent_listen_port={ports['dashboard_agent_listen_port']}"]
+    assert seen["worker"] == ["echo"]  # only the raylet's command line changes

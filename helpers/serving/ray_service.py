@@ -14,9 +14,10 @@ import signal
 import tempfile
 import threading
 
+import psutil
 import torch
 
-from helpers.core.procs import LOOPBACK
+from helpers.core.procs import LOOPBACK, free_port, stop_tree
 
 # Ray on Linux replaces a loopback node address by the machine's reachable one (and its servers then listen there);
 # with clusters off it keeps 127.0.0.1, and so does every server it starts (GCS, raylet, agents, workers).
@@ -27,7 +28,7 @@ def replicas_on_loopback() -> None:
     """Ray's worker setup hook: a Serve replica's inter-deployment gRPC server on 127.0.0.1, not on every interface.
 
     Ray Serve (2.60) binds that server to ``[::]:0`` with no setting to change it; this narrows the address it
-    is given. tests/test_serving.py checks that every process of the service listens on the loopback only."""
+    is given. The lecture 7 notebook test checks that every process of the service listens on the loopback only."""
     from ray.serve._private import replica
 
     bind = replica.add_port_to_grpc_server
@@ -65,8 +66,42 @@ def build_app(model_path: str, max_batch_size: int, max_wait_ms: float):
     return DigitClassifier.bind()
 
 
-def start_ray(ray, scratch: str, attempts: int = 6) -> None:
-    """``ray.init`` on this machine only; tried again when the raylet misses Ray's fixed 30 s start-up window (a busy machine)."""
+AGENT_PORTS = ("metrics_agent_port", "metrics_export_port", "dashboard_agent_listen_port", "runtime_env_agent_port")
+
+
+def agents_on_ports_chosen_here() -> None:
+    """Ray's agents (metrics, dashboard, runtime env) get free ports chosen before the raylet starts, and the raylet is
+    told all of them.
+
+    Left to choose their own (``ray.init``'s default), each agent writes its port to a file, and Ray 2.60's raylet
+    waits a fixed 15 s for each file, then aborts ("Timed out waiting for file .../metrics_agent_port_..." in
+    raylet.out): on a busy 2-core machine the agents' Python start-up takes longer. Given the ports, the raylet waits
+    for none. ``ray.init`` takes no such options, so they are set on the parameters it builds, and the one port
+    Ray 2.60 forgets to pass the raylet (the dashboard agent's) is added to its command line. In this process only."""
+    from ray._private import parameter, ray_constants, services
+
+    chosen: dict[str, int] = {}
+    build, launch = parameter.RayParams.__init__, services.start_ray_process
+
+    def build_with_ports(params, *args, **kwargs) -> None:
+        build(params, *args, **kwargs)
+        chosen.update({name: free_port() for name in AGENT_PORTS})
+        for name, port in chosen.items():
+            setattr(params, name, port)
+
+    def launch_raylet_with_ports(command, process_type, *args, **kwargs):
+        if process_type == ray_constants.PROCESS_TYPE_RAYLET:
+            command = [*command, f"--dashboard_agent_listen_port={chosen['dashboard_agent_listen_port']}"]
+        return launch(command, process_type, *args, **kwargs)
+
+    parameter.RayParams.__init__ = build_with_ports
+    services.start_ray_process = launch_raylet_with_ports
+
+
+def start_ray(ray, scratch: str, attempts: int = 3) -> None:
+    """``ray.init`` on this machine only; tried again, after stopping what the attempt started, when the node misses
+    Ray's fixed 30 s start-up window."""
+    agents_on_ports_chosen_here()
     for attempt in range(1, attempts + 1):
         try:
             ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
@@ -77,7 +112,9 @@ def start_ray(ray, scratch: str, attempts: int = 6) -> None:
             if "timed out during startup" not in str(err) or attempt == attempts:
                 raise
             print(f"Ray's node did not start in time (attempt {attempt} of {attempts}); trying again", flush=True)
-            ray.shutdown()
+            ray.shutdown()  # stops nothing here: the failed node's processes are not Ray's current node's
+            for leftover in psutil.Process().children():
+                stop_tree(leftover.pid)
 
 
 def main() -> None:
