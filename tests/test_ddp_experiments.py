@@ -59,4 +59,7 @@ def test_scaling_measures_small_n_and_models_the_rest():
     assert by_n[64].model_compute == pytest.approx(by_n[1].model_compute / 64)
     assert by_n[2].error == pytest.approx(by_n[2].measured_step / by_n[2].model_step) and by_n[64].error is None
     assert "predictions only" in report.notes[-1]
-    report.plot()
+    lines = {line.get_label(): line for line in report.plot().get_lines()}
+    assert list(lines["measured"].get_xdata()) == [1, 2] and list(lines["model"].get_xdata()) == [1, 2, 4, 64]
+    assert list(lines["measured"].get_ydata()) == [by_n[1].measured_speedup, by_n[2].measured_speedup]
+    assert list(lines["ideal"].get_ydata()) == [1.0, 2.0, 4.0, 64.0]

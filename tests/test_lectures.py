@@ -3,7 +3,7 @@
 The lectures run two at a time, each in an interpreter of its own (tests/notebook_runs.py); one that compares timings runs alone.
 
 A lecture's last code cell defines ``lesson_figures = {...}`` (see helpers.course.notebooks.LESSON_FIGURES and
-ARCHITECTURE.md); ``FIGURE_CHECKS`` checks at least one measured figure of each lecture named there against an
+ARCHITECTURE.md); ``FIGURE_CHECKS`` checks measured figures of every lecture (each must be named there) against an
 invariant of its own: a parity, a count, a size worked by hand, a verdict that must follow from its share.
 While a lecture runs, every process it starts (servers, workers, Ray) is watched: none may listen beyond
 127.0.0.1, none may outlive the run, and no Ray session folder may stay behind.
@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from helpers.course.notebooks import find_notebooks
 
@@ -164,6 +165,49 @@ def serving_language_models(f):
     assert f["server_matches"] is True  # the server answers what the cells' engine answers, streamed or not
 
 
+def data_loading_and_elastic_training(f):
+    reads = f["reads_per_sample"]  # each reader reads all it is given: unsplit, every reader reads every sample
+    assert reads == {"none": f["readers"], "ranks only": f["loader_workers"], "ranks and workers": 1}, reads
+    assert f["exactly_once"] is True and f["orders_agree"] is True
+    assert f["torn_share"]["save_atomically"] == 0, f["torn_share"]  # a rename never leaves a half-written checkpoint to read
+    assert f["restarts"] == 1 and f["resumed_at"] == f["last_checkpoint"], (f["restarts"], f["resumed_at"], f["last_checkpoint"])
+    assert f["weights_equal"] is True and f["losses_equal"] is True  # step, weights and optimizer state are all a run carries
+
+
+def memory_efficient_training(f):
+    assert f["accumulation_same"] and all(same in (True, None) for same in f["accumulation_same"]), f["accumulation_same"]
+    p, m = f["stages"], f["micro_batches"]
+    for name, run in f["schedules"].items():  # equal stages on an ideal clock: the bubble is the formula's
+        assert run["bubble"] == pytest.approx(run["formula"]) == pytest.approx((p - 1) / (m + p - 1)), (name, run)
+    assert f["schedules"]["GPipe"]["held"] == [m] * p  # every micro-batch's activations until its backward
+    assert f["schedules"]["1F1B"]["held"] == [min(p - s, m) for s in range(p)]  # stage s holds at most p - s
+    assert f["pipeline_same_gradients"] and all(f["pipeline_same_gradients"]), f["pipeline_same_gradients"]
+    assert max(f["split_layer_differences"].values()) <= 1e-5, f["split_layer_differences"]  # a split layer is the layer
+    assert f["mlp_equal"] is True and f["gelu_before_sum_equal"] is False  # the sum must come before the nonlinearity
+    assert all(f["towers_same_gradients"]) and f["towers_output_difference"] <= 1e-4, f["towers_output_difference"]
+
+
+def mixed_precision_and_data_pipelines(f):
+    runs = f["padding"]  # whole data set padded, per batch, length buckets: the same sequences, fewer padded positions
+    real = [r["tokens"] * (1 - r["padding_share"]) for r in runs]
+    assert all(count == pytest.approx(real[0], rel=1e-9) for count in real), real
+    assert [r["tokens"] for r in runs] == sorted((r["tokens"] for r in runs), reverse=True) and runs[0]["tokens"] > runs[-1]["tokens"], runs
+    assert runs[0]["speedup"] == 1.0 and all(r["speedup"] == pytest.approx(runs[0]["epoch_seconds"] / r["epoch_seconds"]) for r in runs)
+    assert ("as fast." in f["bucketing_sentence"]) == (runs[-1]["speedup"] >= 1.15), (f["bucketing_sentence"], runs[-1])
+
+
+def profiling_and_compilation(f):
+    from helpers.training.launch_overhead import COMPILED, EAGER, GRAPH, GRAPH_NEEDS_GPU
+
+    rows = {r["variant"]: r for r in f["launch"]}
+    eager, compiled = rows[EAGER], rows[COMPILED]
+    assert eager["speedup"] == 1.0 and eager["max_difference"] == 0, eager
+    if compiled["call_seconds"] is not None:  # compiled within its budget: the same numbers, faster or not
+        assert compiled["max_difference"] <= 1e-5 and compiled["speedup"] == pytest.approx(eager["call_seconds"] / compiled["call_seconds"]), compiled
+    if not torch.cuda.is_available():
+        assert rows[GRAPH]["call_seconds"] is None and GRAPH_NEEDS_GPU in rows[GRAPH]["note"], rows[GRAPH]
+
+
 RAY_LECTURE = "07-formats-runtimes-batching.ipynb"  # starts Ray Serve
 RUN_ALONE = {"01-gpu-architecture-and-benchmarking.ipynb"}  # its figure check compares timings taken in one run
 
@@ -219,7 +263,11 @@ FIGURE_CHECKS = {
     "02-hardware-ecosystem.ipynb": hardware_ecosystem,
     "02-os-and-distributed-recap.ipynb": os_distributed_recap,
     "03-data-parallel-training.ipynb": data_parallel_training,
+    "03b-data-loading-and-elastic-training.ipynb": data_loading_and_elastic_training,
     "03-gpu-programming-model.ipynb": gpu_programming_model,
+    "04-memory-efficient-training.ipynb": memory_efficient_training,
+    "05a-mixed-precision-and-data-pipelines.ipynb": mixed_precision_and_data_pipelines,
+    "05b-profiling-and-compilation.ipynb": profiling_and_compilation,
     "05c-arithmetic-fusion-and-compile.ipynb": arithmetic_fusion_and_compile,
     "06-web-services.ipynb": web_services,
     "07-formats-runtimes-batching.ipynb": formats_runtimes_batching,
@@ -235,6 +283,8 @@ FIGURE_CHECKS = {
 def test_the_kit_has_lecture_notebooks():
     assert LECTURES, "no notebooks under lectures/"
     assert set(FIGURE_CHECKS) <= {p.name for p in LECTURES}, "a figure check names a lecture that is gone: rename it with the lecture"
+    unchecked = sorted(p.name for p in LECTURES if p.name not in FIGURE_CHECKS)
+    assert not unchecked, f"lectures whose figures nothing checks: {unchecked}; give each a check in FIGURE_CHECKS"
 
 
 @pytest.fixture(scope="module")

@@ -36,7 +36,8 @@ def test_a_real_measurement_has_every_part_and_an_explanation(model):
     wrapped = report.find(part="update, checkpoint every 1 block")
     assert wrapped.seconds > 0 and report.groups == 2
     assert report.measured == pytest.approx(wrapped.share - 1)
-    assert "Measured" in report.explanation and report.explanation in report.notes
+    assert f"Measured: {report.measured:+.0%}" in report.explanation and f"add {report.predicted:+.0%}." in report.explanation
+    assert report.explanation in report.notes  # the numbers of this run, said under its table
 
 
 def test_groups_follow_every(model):
