@@ -332,7 +332,6 @@ def test_a_servers_scratch_folder_goes_after_its_whole_tree_has_stopped(tmp_path
     assert not scratch.exists() and not served.running
 
 
-
 AGENT_PORTS_SEEN = """
 import json
 from helpers.serving.ray_service import AGENT_PORTS, agents_on_ports_chosen_here
