@@ -152,22 +152,32 @@ def main() -> None:
             shutil.rmtree(scratch, ignore_errors=True)
 
 
-def start_ray_service(batch_size: int = 32, max_wait_ms: float = 2.0, startup_timeout: float = 420.0):
-    """Ray Serve with the model as a child process on a free port (a ServedProcess; ``.url`` + "/predict")."""
+def start_ray_service(batch_size: int = 32, max_wait_ms: float = 2.0, startup_timeout: float = 420.0, attempts: int = 3):
+    """Ray Serve with the model as a child process on a free port (a ServedProcess; ``.url`` + "/predict").
+
+    A service that exits before it is healthy is started again, afresh, up to ``attempts`` times: on a busy machine
+    Ray's raylet can die while its agents start, and the driver then exits ("Failed to register worker to Raylet")."""
     import sys
 
     from helpers.core.paths import build_dir
-    from helpers.core.procs import ServedProcess, free_port
+    from helpers.core.procs import ServedProcess
     from helpers.serving.model import mnist_model
 
     mnist_model()
-    port = free_port()
-    scratch = tempfile.mkdtemp(prefix="edl-ray-")  # Ray's session files: removed once the whole tree has stopped
-    command = [sys.executable, "-m", "helpers.serving.ray_service", "--port", str(port), "--batch-size", str(batch_size),
-               "--max-wait-ms", str(max_wait_ms), "--scratch", scratch]
-    return ServedProcess(command, port, health_path="/-/healthz", log_path=build_dir("serving") / f"ray-{port}.log",
-                         env={"RAY_USAGE_STATS_ENABLED": "0", "RAY_DEDUP_LOGS": "0"}, startup_timeout=startup_timeout,
-                         owned_folders=[scratch])
+    for attempt in range(1, attempts + 1):
+        port = free_port()
+        scratch = tempfile.mkdtemp(prefix="edl-ray-")  # Ray's session files: removed once the whole tree has stopped
+        command = [sys.executable, "-m", "helpers.serving.ray_service", "--port", str(port), "--batch-size", str(batch_size),
+                   "--max-wait-ms", str(max_wait_ms), "--scratch", scratch]
+        try:
+            return ServedProcess(command, port, health_path="/-/healthz", log_path=build_dir("serving") / f"ray-{port}.log",
+                                 env={"RAY_USAGE_STATS_ENABLED": "0", "RAY_DEDUP_LOGS": "0"}, startup_timeout=startup_timeout,
+                                 owned_folders=[scratch])
+        except RuntimeError as err:  # it exited before it was healthy (not healthy in time raises TimeoutError)
+            if attempt == attempts:
+                raise
+            print(f"Ray Serve exited while starting (attempt {attempt} of {attempts}; {str(err).splitlines()[0]}); "
+                  "starting it again", flush=True)
 
 
 if __name__ == "__main__":
