@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -15,7 +17,7 @@ import psutil
 import pytest
 import torch
 
-from helpers.core.procs import ServedProcess, free_port
+from helpers.core.procs import LOOPBACK, ServedProcess, free_port, outgoing_ports
 from helpers.serving import (
     batching_tradeoff,
     check_dockerfile,
@@ -188,6 +190,42 @@ def test_a_served_process_never_outlives_its_owner(tmp_path):
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
 
+def test_a_server_that_exits_while_starting_leaves_no_process_behind(tmp_path):
+    """A server that dies leaves its children to init (Ray's driver does, when its raylet dies): they are stopped all
+    the same, as they stay in the session the server was started in."""
+    pid_file = tmp_path / "grandchild"
+    code = (f"import subprocess, sys; child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); "
+            f"open({str(pid_file)!r}, 'w').write(str(child.pid)); sys.exit(1)")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    diagnosis = lambda: f"the scratch folder was still there: {scratch.exists()}"  # noqa: E731
+    with pytest.raises(RuntimeError, match="exited with code 1") as raised:
+        ServedProcess([sys.executable, "-c", code], free_port(), log_path=tmp_path / "log", startup_timeout=30,
+                      owned_folders=[scratch], diagnose=diagnosis)
+    assert "the scratch folder was still there: True" in str(raised.value) and not scratch.exists()
+    orphan = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while psutil.pid_exists(orphan) and psutil.Process(orphan).status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not psutil.pid_exists(orphan) or psutil.Process(orphan).status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_servers_port_is_one_no_outgoing_connection_can_take_before_it_listens(monkeypatch):
+    """A load test's connections take ephemeral ports and hold them in TIME_WAIT; a server that binds its port a while
+    after it was chosen (Ray's agents) then fails. Chosen ports lie below that range, differ after the same
+    random.seed, and a port held by any socket is passed over."""
+    chosen = [free_port() for _ in range(40)]
+    assert not set(chosen) & set(outgoing_ports()) and len(set(chosen)) > 30
+    random.seed(0)
+    first = [free_port() for _ in range(3)]
+    random.seed(0)
+    assert [free_port() for _ in range(3)] != first
+    picks = iter(chosen[:2])
+    monkeypatch.setattr(random.SystemRandom, "choice", lambda self, candidates: next(picks))
+    with socket.create_server((LOOPBACK, chosen[0])):
+        assert free_port() == chosen[1]
+
+
 def test_bad_server_options_are_clear_errors():
     done = subprocess.run([sys.executable, "-m", "helpers.serving.server", "--workers", "0"], capture_output=True, text=True)
     assert done.returncode == 2 and "--workers must be at least 1" in done.stderr
@@ -353,3 +391,18 @@ def test_the_ray_services_raylet_is_given_every_agent_port_so_it_waits_for_no_ag
     assert len(set(ports.values())) == 4 and all(1024 < port < 65536 for port in ports.values())
     assert seen["raylet"] == ["echo", f"--dashboard_agent_listen_port={ports['dashboard_agent_listen_port']}"]
     assert seen["worker"] == ["echo"]  # only the raylet's command line changes
+
+
+def test_a_failed_ray_sessions_logs_are_kept_and_the_raylets_last_words_quoted(tmp_path):
+    from helpers.serving.ray_service import keep_ray_logs
+
+    session = tmp_path / "scratch" / "session_2026-11-29_08-10-55_1_601"
+    (session / "logs").mkdir(parents=True)
+    (tmp_path / "scratch" / "session_latest").symlink_to(session)
+    (session / "logs" / "raylet.out").write_text("starting\nagent_manager.cc:87: The raylet exited because one Ray agent failed\n")
+    (session / "logs" / "dashboard_agent.log").write_text("OSError: [Errno 98] address already in use\n")
+    (session / "logs" / "worker-1.out").write_text("not kept\n")
+    said = keep_ray_logs(str(tmp_path / "scratch"), tmp_path / "kept")
+    assert sorted(p.name for p in (tmp_path / "kept").iterdir()) == ["dashboard_agent.log", "raylet.out"]
+    assert "one Ray agent failed" in said and str(tmp_path / "kept") in said.splitlines()[-1]
+    assert "left no session logs" in keep_ray_logs(str(tmp_path / "elsewhere"), tmp_path / "none")

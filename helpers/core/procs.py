@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import random
 import shutil
 import signal
 import socket
@@ -20,15 +21,42 @@ import urllib.error
 import urllib.request
 import weakref
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import psutil
 
 LOOPBACK = "127.0.0.1"
 
 
+SERVER_PORTS_FROM = 20000  # above Ray's worker ports (10002-19999) and the registered services most machines run
+
+
+def outgoing_ports() -> range:
+    """The ports Linux gives outgoing connections (its ephemeral range; the usual 32768-60999 elsewhere)."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    return range(low, high + 1)
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now (the OS picks it)."""
+    """A TCP port on 127.0.0.1 that nothing holds now, chosen below the range outgoing connections are given.
+
+    The server that will listen on it starts seconds later (a child process on a busy machine: Ray's agents, 20 s
+    and more). A port from the ephemeral range can be taken meanwhile by any outgoing connection of any process,
+    and stays taken while that connection waits out TIME_WAIT (a minute): a load test makes thousands, and the
+    server then fails with "address already in use". The kernel gives no connection a port below its range. The
+    choice is random from the OS's entropy (a notebook's ``random.seed`` must not make two runs choose alike)."""
+    candidates = range(SERVER_PORTS_FROM, outgoing_ports().start)
+    for _ in range(64 if len(candidates) >= 1000 else 0):  # too narrow a range: the OS picks, as it always did
+        port = random.SystemRandom().choice(candidates)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((LOOPBACK, port))  # no SO_REUSEADDR: fails while any socket, TIME_WAIT too, holds it
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((LOOPBACK, 0))
         return sock.getsockname()[1]
@@ -58,12 +86,31 @@ def redirect_output(log_path: str | Path, append: bool = True) -> None:
     sys.stderr = open(2, "w", buffering=1, closefd=False)
 
 
+def session_members(leader: int) -> list[psutil.Process]:
+    """The processes still in the session ``leader`` started (``start_process`` starts each child in its own), also
+    those its exit left behind, which no longer descend from it."""
+    members = []
+    if leader == os.getsid(0):  # our own session: its other members are not ours to stop
+        return members
+    for proc in psutil.process_iter():
+        try:
+            if os.getsid(proc.pid) == leader and proc.pid != os.getpid():
+                members.append(proc)
+        except (OSError, psutil.Error):
+            pass
+    return members
+
+
 def stop_tree(pid: int, grace: float = 3.0) -> None:
-    """Stop ``pid`` and every descendant: SIGTERM, then SIGKILL after ``grace`` seconds; reap what we can."""
+    """Stop ``pid``, every descendant and what is left of its session: SIGTERM, then SIGKILL after ``grace`` seconds;
+    reap what we can."""
+    family = session_members(pid)
     try:
         root = psutil.Process(pid)
-        family = [root, *root.children(recursive=True)]
+        family = list({proc.pid: proc for proc in [root, *root.children(recursive=True), *family]}.values())
     except psutil.NoSuchProcess:
+        pass
+    if not family:
         return
     for proc in family:
         try:
@@ -108,20 +155,23 @@ def _stop_quietly(pid: int, owned_folders: tuple[Path, ...] = ()) -> None:
 class ServedProcess:
     """A server process on 127.0.0.1:``port``; ``with`` stops it, and so does its owner's exit or garbage collection.
 
-    ``health_path`` is polled over HTTP until it answers 200 (or ``startup_timeout``
-    passes, which raises with the end of the server's log). ``owned_folders`` (scratch space the server
-    writes) are removed once its whole process tree has stopped.
+    ``health_path`` is polled over HTTP until it answers 200; a server that exits first raises RuntimeError, one not
+    healthy within ``startup_timeout`` TimeoutError, both with the end of its log and what ``diagnose`` (called
+    before anything is removed) says, and both after stopping its whole tree. ``owned_folders`` (scratch space the
+    server writes) are removed once its whole process tree has stopped.
     """
 
     def __init__(self, command: Sequence[str], port: int, *, health_path: str = "/health",
                  log_path: str | Path, env: Mapping[str, str] | None = None, cwd: str | Path | None = None,
-                 startup_timeout: float = 60.0, owned_folders: Sequence[str | Path] = ()):
+                 startup_timeout: float = 60.0, owned_folders: Sequence[str | Path] = (),
+                 diagnose: Callable[[], str] | None = None):
         self.port = port
         self.url = f"http://{LOOPBACK}:{port}"
         self.log_path = Path(log_path)
         self.process = start_process(command, log_path=self.log_path, env=env, cwd=cwd)
         self.pid = self.process.pid
         self._finalizer = weakref.finalize(self, _stop_quietly, self.pid, tuple(map(Path, owned_folders)))
+        self._diagnose = diagnose
         self._wait_healthy(health_path, startup_timeout)
 
     def _wait_healthy(self, health_path: str, timeout: float) -> None:
@@ -129,7 +179,7 @@ class ServedProcess:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"the server exited with code {self.process.returncode} before it was healthy; "
-                                   f"its log ({self.log_path}) ends with:\n{self.log_tail()}")
+                                   f"its log ({self.log_path}) ends with:\n{self._failed()}")
             try:
                 with urllib.request.urlopen(self.url + health_path, timeout=2) as answer:
                     if answer.status == 200:
@@ -137,9 +187,16 @@ class ServedProcess:
             except (urllib.error.URLError, ConnectionError, TimeoutError):
                 pass
             time.sleep(0.1)
-        self.stop()
         raise TimeoutError(f"the server on port {self.port} was not healthy within {timeout:.0f} s; "
-                           f"its log ends with:\n{self.log_tail()}")
+                           f"its log ends with:\n{self._failed()}")
+
+    def _failed(self) -> str:
+        """The end of the log and the diagnosis of a server that did not start, which is then stopped."""
+        report = self.log_tail()
+        if self._diagnose is not None:
+            report += "\n" + self._diagnose()
+        self.stop()
+        return report
 
     def log_tail(self, lines: int = 20) -> str:
         try:

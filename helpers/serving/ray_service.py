@@ -8,11 +8,13 @@ that the kit's batcher can be measured against it under the same load.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import shutil
 import signal
 import tempfile
 import threading
+from pathlib import Path
 
 import psutil
 import torch
@@ -98,23 +100,13 @@ def agents_on_ports_chosen_here() -> None:
     services.start_ray_process = launch_raylet_with_ports
 
 
-def start_ray(ray, scratch: str, attempts: int = 3) -> None:
-    """``ray.init`` on this machine only; tried again, after stopping what the attempt started, when the node misses
-    Ray's fixed 30 s start-up window."""
+def start_ray(ray, scratch: str) -> None:
+    """``ray.init`` on this machine only, its agents on ports chosen here; a node that fails to start raises (the
+    caller, ``start_ray_service``, starts the whole service again afresh)."""
     agents_on_ports_chosen_here()
-    for attempt in range(1, attempts + 1):
-        try:
-            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
-                     _node_ip_address=LOOPBACK, _temp_dir=scratch,
-                     runtime_env={"worker_process_setup_hook": replicas_on_loopback})
-            return
-        except Exception as err:  # noqa: BLE001 - Ray raises a bare Exception for a node that did not start in time
-            if "timed out during startup" not in str(err) or attempt == attempts:
-                raise
-            print(f"Ray's node did not start in time (attempt {attempt} of {attempts}); trying again", flush=True)
-            ray.shutdown()  # stops nothing here: the failed node's processes are not Ray's current node's
-            for leftover in psutil.Process().children():
-                stop_tree(leftover.pid)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
+             _node_ip_address=LOOPBACK, _temp_dir=scratch,
+             runtime_env={"worker_process_setup_hook": replicas_on_loopback})
 
 
 def main() -> None:
@@ -137,9 +129,14 @@ def main() -> None:
     # passes --scratch removes it itself, after this process and Ray's have all stopped (start_ray_service does).
     scratch = args.scratch or tempfile.mkdtemp(prefix="edl-ray-")  # short: Ray's unix sockets live below it
     try:
-        start_ray(ray, scratch)
-        serve.start(http_options={"host": LOOPBACK, "port": args.port})
-        serve.run(build_app(info.path, args.batch_size, args.max_wait_ms), route_prefix="/predict")
+        try:
+            start_ray(ray, scratch)
+            serve.start(http_options={"host": LOOPBACK, "port": args.port})
+            serve.run(build_app(info.path, args.batch_size, args.max_wait_ms), route_prefix="/predict")
+        except BaseException:  # a node that failed to start is not stopped by ray.shutdown(): its processes are ours
+            for leftover in psutil.Process().children():
+                stop_tree(leftover.pid)
+            raise
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
@@ -152,11 +149,26 @@ def main() -> None:
             shutil.rmtree(scratch, ignore_errors=True)
 
 
+RAY_LOGS_KEPT = ("raylet.out", "raylet.err", "gcs_server.out", "gcs_server.err", "dashboard_agent.log",
+                 "runtime_env_agent.log", "python-core-driver-*.log")
+
+
+def keep_ray_logs(scratch: str, into: Path) -> str:
+    """Copy the logs of Ray's session in ``scratch`` that tell why a node died into ``into``; a line saying where."""
+    logs = Path(scratch) / "session_latest" / "logs"
+    into.mkdir(parents=True, exist_ok=True)
+    kept = [shutil.copy(found, into) for pattern in RAY_LOGS_KEPT for found in logs.glob(pattern)]
+    if not kept:
+        return f"Ray left no session logs in {logs}"
+    tail = (into / "raylet.out").read_text(errors="replace").splitlines()[-6:] if (into / "raylet.out").exists() else []
+    return "\n".join(["raylet.out ends with:", *tail, f"Ray's session logs are kept in {into}"])
+
+
 def start_ray_service(batch_size: int = 32, max_wait_ms: float = 2.0, startup_timeout: float = 420.0, attempts: int = 3):
     """Ray Serve with the model as a child process on a free port (a ServedProcess; ``.url`` + "/predict").
 
-    A service that exits before it is healthy is started again, afresh, up to ``attempts`` times: on a busy machine
-    Ray's raylet can die while its agents start, and the driver then exits ("Failed to register worker to Raylet")."""
+    A service that exits before it is healthy is started again, afresh (new port, new Ray session), up to
+    ``attempts`` times; the logs of each failed Ray session are kept in ``build/serving/ray-<port>-logs/``."""
     import sys
 
     from helpers.core.paths import build_dir
@@ -169,15 +181,16 @@ def start_ray_service(batch_size: int = 32, max_wait_ms: float = 2.0, startup_ti
         scratch = tempfile.mkdtemp(prefix="edl-ray-")  # Ray's session files: removed once the whole tree has stopped
         command = [sys.executable, "-m", "helpers.serving.ray_service", "--port", str(port), "--batch-size", str(batch_size),
                    "--max-wait-ms", str(max_wait_ms), "--scratch", scratch]
+        logs = build_dir("serving") / f"ray-{port}-logs"
         try:
             return ServedProcess(command, port, health_path="/-/healthz", log_path=build_dir("serving") / f"ray-{port}.log",
                                  env={"RAY_USAGE_STATS_ENABLED": "0", "RAY_DEDUP_LOGS": "0"}, startup_timeout=startup_timeout,
-                                 owned_folders=[scratch])
+                                 owned_folders=[scratch], diagnose=functools.partial(keep_ray_logs, scratch, logs))
         except RuntimeError as err:  # it exited before it was healthy (not healthy in time raises TimeoutError)
             if attempt == attempts:
                 raise
-            print(f"Ray Serve exited while starting (attempt {attempt} of {attempts}; {str(err).splitlines()[0]}); "
-                  "starting it again", flush=True)
+            print(f"Ray Serve exited while starting (attempt {attempt} of {attempts}); starting it again. "
+                  f"{str(err).splitlines()[-1]}", flush=True)
 
 
 if __name__ == "__main__":
