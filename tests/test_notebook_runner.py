@@ -146,3 +146,32 @@ def test_the_kernels_sockets_stay_out_of_the_notebooks_folder(tmp_path):
     run = execute_notebook(notebook, tmp_path / "out", html=False)
     assert run.status == "ok", run.error
     assert sorted(p.name for p in tmp_path.iterdir()) == ["look.ipynb", "out"]
+
+
+WATCHED_CHILD = """
+import socket, sys, time
+from pathlib import Path
+sockets = Path(sys.argv[1]) / "session_1" / "sockets"
+sockets.mkdir(parents=True)
+unix = socket.socket(socket.AF_UNIX)
+unix.bind(str(sockets / "raylet"))
+kept = [socket.create_server(("0.0.0.0", 0)), socket.create_server(("127.0.0.1", 0)), unix]
+print(kept[0].getsockname()[1], flush=True)
+time.sleep(3)
+"""
+
+
+def test_the_process_watcher_sees_where_children_listen_and_the_session_folders_they_use(tmp_path):
+    """What the lecture runs are checked with: a listener beyond 127.0.0.1 is named, loopback is not, Ray-like session
+    folders are found from the unix sockets, and a child that ended does not count as left running."""
+    import subprocess
+    import sys
+
+    from tests.process_watch import StartedProcesses
+
+    with StartedProcesses(grace=5) as started:
+        child = subprocess.run([sys.executable, "-c", WATCHED_CHILD, str(tmp_path)], capture_output=True, text=True, timeout=60)
+    open_port = int(child.stdout.split()[0])
+    assert [(ip, port) for ip, port, _ in started.beyond_loopback()] == [("0.0.0.0", open_port)]
+    assert len(started.listening) == 2 and started.session_folders == {tmp_path / "session_1"}
+    assert started.left_running() == []
