@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 import helpers  # noqa: F401  (quietens torch's import-time warnings before any test imports torch pieces)
 from helpers.core.workers import available_cores
 from helpers.course import sealed
+from tests.cpu_accounting import costliest_modules, pytest_runtest_protocol  # noqa: F401 (a hook)
 from tests.notebook_runs import THREAD_VARIABLES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -115,8 +117,18 @@ def _heavy_modules_first(items: list) -> None:
     items.sort(key=lambda item: rank[module(item)])
 
 
+def pytest_configure(config):
+    config._edl_started = time.time()
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    """Say in the summary when the browser checks or the instructor material's tests did not run, and why."""
+    """The modules that cost the most CPU; and say when the browser checks or the instructor material's tests did not
+    run, and why."""
+    costly = costliest_modules(since=getattr(config, "_edl_started", 0))
+    if costly and len(terminalreporter.stats.get("passed", [])) + len(terminalreporter.stats.get("failed", [])) >= 100:
+        terminalreporter.write_sep("=", "CPU seconds by module (the test processes and the children they reaped)")
+        for module, cpu, wall in costly:
+            terminalreporter.write_line(f"{cpu:8.0f} s CPU {wall:8.0f} s wall  {module}")
     sealed_skips = [r for r in terminalreporter.stats.get("skipped", []) if sealed.MESSAGE in str(r.longrepr)]
     if sealed_skips:
         terminalreporter.write_sep("=", f"{len(sealed_skips)} tests skipped: {sealed.MESSAGE}", yellow=True)

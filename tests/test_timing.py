@@ -38,3 +38,18 @@ def test_spread_is_median_over_fastest():
     assert Turns(0.5, 1.0).spread == 2.0 and Turns(0.0, 1.0).spread == float("inf")
     with pytest.raises(ValueError, match="rounds"):
         time_interleaved({"a": lambda: None}, rounds=0)
+
+
+def test_the_suites_cpu_summary_adds_up_each_modules_tests_across_workers_and_skips_old_logs(tmp_path):
+    import json
+    import os
+
+    from tests.cpu_accounting import costliest_modules
+
+    rows = {"gw0": [("tests/a.py::one", 1.0, 2.0, 3.0), ("tests/b.py::x", 1.0, 0.5, 0.0)], "gw1": [("tests/a.py::two", 4.0, 1.0, 0.0)]}
+    for worker, tests in rows.items():
+        (tmp_path / f"{worker}.jsonl").write_text("".join(json.dumps({"test": t, "wall": w, "cpu": c, "children_cpu": k}) + "\n"
+                                                          for t, w, c, k in tests))
+    (tmp_path / "old.jsonl").write_text(json.dumps({"test": "tests/c.py::t", "wall": 1, "cpu": 99, "children_cpu": 0}) + "\n")
+    os.utime(tmp_path / "old.jsonl", (1000, 1000))
+    assert costliest_modules(since=2000, folder=tmp_path) == [("tests/a.py", 6.0, 5.0), ("tests/b.py", 0.5, 1.0)]

@@ -14,6 +14,7 @@ import shutil
 import signal
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import psutil
@@ -189,8 +190,9 @@ def start_ray_service(batch_size: int = 32, max_wait_ms: float = 2.0, startup_ti
         except RuntimeError as err:  # it exited before it was healthy (not healthy in time raises TimeoutError)
             if attempt == attempts:
                 raise
-            print(f"Ray Serve exited while starting (attempt {attempt} of {attempts}); starting it again. "
-                  f"{str(err).splitlines()[-1]}", flush=True)
+            print(f"Ray Serve exited while starting (attempt {attempt} of {attempts}); starting it again in "
+                  f"{10 * attempt} s. {str(err).splitlines()[-1]}", flush=True)
+            time.sleep(10 * attempt)  # what crowded the machine (another run's start-up, a load test) may pass meanwhile
 
 
 if __name__ == "__main__":
