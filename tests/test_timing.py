@@ -51,5 +51,7 @@ def test_the_suites_cpu_summary_adds_up_each_modules_tests_across_workers_and_sk
         (tmp_path / f"{worker}.jsonl").write_text("".join(json.dumps({"test": t, "wall": w, "cpu": c, "children_cpu": k}) + "\n"
                                                           for t, w, c, k in tests))
     (tmp_path / "old.jsonl").write_text(json.dumps({"test": "tests/c.py::t", "wall": 1, "cpu": 99, "children_cpu": 0}) + "\n")
+    with (tmp_path / "gw1.jsonl").open("a") as log:
+        log.write('{"test": "tests/a.py::cut sho')  # stopped while writing
     os.utime(tmp_path / "old.jsonl", (1000, 1000))
     assert costliest_modules(since=2000, folder=tmp_path) == [("tests/a.py", 6.0, 5.0), ("tests/b.py", 0.5, 1.0)]
