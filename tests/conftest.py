@@ -5,34 +5,35 @@ import os
 import time
 from pathlib import Path
 
-import pytest
-
-import helpers  # noqa: F401  (quietens torch's import-time warnings before any test imports torch pieces)
-from helpers.core.workers import available_cores
-from helpers.course import sealed
-from tests.cpu_accounting import costliest_modules, pytest_runtest_protocol  # noqa: F401 (a hook)
-from tests.notebook_runs import THREAD_VARIABLES
-
-ROOT = Path(__file__).resolve().parents[1]
-LOCKED = sealed.locked(ROOT / "assignments" / "source")  # cloned without the instructor key
-KEY_USED = os.environ.get("EDL_INSTRUCTOR_KEY") == "unlocked"  # .ci/run unlocked with the key: nothing may be skipped as sealed
-HEAVY_LANES = ("notebooks", "grading", "browser", "slow")  # a module in one of these runs for minutes; the first, longest
+from tests.notebook_runs import THREAD_VARIABLES  # imports no torch
 
 
 def _share_the_cores_between_workers() -> None:
     """Under pytest-xdist (make test runs TEST_WORKERS of them), each worker and every process it starts gets its share of
     the cores as threads: two workers at torch's default of one thread per core would run OpenMP's teams on cores the
-    other worker holds, which on 2 cores made a forward pass several times slower than on one thread alone."""
+    other worker holds, which on 2 cores made a forward pass several times slower than on one thread alone. Before
+    anything imports torch, which fixes its thread count then (importing the kit's helpers below does)."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers <= 1:
         return
-    share = str(max(1, available_cores() // workers))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    share = str(max(1, cores // workers))
     for name in THREAD_VARIABLES:
         os.environ.setdefault(name, share)
 
 
 _share_the_cores_between_workers()
 
+import pytest  # noqa: E402 - the thread share must be in the environment first
+
+import helpers  # noqa: E402,F401  (quietens torch's import-time warnings before any test imports torch pieces)
+from helpers.course import sealed  # noqa: E402
+from tests.cpu_accounting import costliest_modules, pytest_runtest_protocol  # noqa: E402,F401 (a hook)
+
+ROOT = Path(__file__).resolve().parents[1]
+LOCKED = sealed.locked(ROOT / "assignments" / "source")  # cloned without the instructor key
+KEY_USED = os.environ.get("EDL_INSTRUCTOR_KEY") == "unlocked"  # .ci/run unlocked with the key: nothing may be skipped as sealed
+HEAVY_LANES = ("notebooks", "grading", "browser", "slow")  # a module in one of these runs for minutes; the first, longest
 
 
 @pytest.fixture(scope="session")

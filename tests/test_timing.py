@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
@@ -55,3 +56,19 @@ def test_the_suites_cpu_summary_adds_up_each_modules_tests_across_workers_and_sk
         log.write('{"test": "tests/a.py::cut sho')  # stopped while writing
     os.utime(tmp_path / "old.jsonl", (1000, 1000))
     assert costliest_modules(since=2000, folder=tmp_path) == [("tests/a.py", 6.0, 5.0), ("tests/b.py", 0.5, 1.0)]
+
+
+def test_each_pytest_worker_runs_torch_on_its_share_of_the_cores():
+    """Two workers at torch's default (a thread per core) make both cores' OpenMP teams wait on each other: the share
+    must be in the environment before the suite's conftest imports the kit, which imports torch."""
+    import os
+    import subprocess
+    import sys
+
+    from helpers.core.workers import available_cores
+
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
+    code = "import tests.conftest, torch; print(torch.get_num_threads())"
+    threads = subprocess.run([sys.executable, "-c", code], env={**env, "PYTEST_XDIST_WORKER_COUNT": "2"}, cwd=Path(__file__).parents[1],
+                             capture_output=True, text=True, check=True, timeout=120).stdout.split()[-1]
+    assert int(threads) == max(1, available_cores() // 2)
