@@ -20,6 +20,8 @@ from pathlib import Path
 
 import psutil
 
+from helpers.core.procs import listening_tcp
+
 
 def is_loopback(ip: str) -> bool:
     """127.0.0.1, also as a dual-stack socket writes it (::ffff:127.0.0.1); not 0.0.0.0, :: or a real address."""
@@ -75,7 +77,7 @@ class StartedProcesses:
             watched[process.pid] = self.processes[key]
         if not watched:
             return
-        listening, unix = _listening_tcp(), _unix_socket_paths()
+        listening, unix = listening_tcp(), _unix_socket_paths()
         for pid, name in watched.items():
             for inode in _socket_inodes(pid):
                 if inode in listening:
@@ -106,31 +108,6 @@ def _running(pid: int, started: float) -> bool:
         return process.create_time() == started and process.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
-
-
-def _listening_tcp() -> dict[int, tuple[str, int]]:
-    """Socket inode -> (ip, port) of every TCP socket listening on this machine (/proc/net/tcp and tcp6)."""
-    found = {}
-    for table, width in (("/proc/net/tcp", 4), ("/proc/net/tcp6", 16)):
-        try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            if len(fields) > 9 and fields[3] == "0A":  # TCP_LISTEN
-                address, port = fields[1].split(":")
-                found[int(fields[9])] = (_ip(address, width), int(port, 16))
-    return found
-
-
-def _ip(hex_address: str, width: int) -> str:
-    """The kernel's hex address (32-bit words in host order) as text: 0100007F -> 127.0.0.1."""
-    words = bytes.fromhex(hex_address)
-    raw = b"".join(words[i:i + 4][::-1] for i in range(0, len(words), 4))
-    address = ipaddress.ip_address(raw if width == 16 else raw[:4])
-    mapped = getattr(address, "ipv4_mapped", None)
-    return f"::ffff:{mapped}" if mapped else str(address)  # as psutil writes a dual-stack socket's IPv4 address
 
 
 def _unix_socket_paths() -> dict[int, str]:

@@ -62,6 +62,26 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def listening_tcp() -> dict[int, tuple[str, int]]:
+    """Socket inode -> (address, port) of every TCP socket listening in this network namespace, from one read of
+    /proc/net/tcp and tcp6 (Linux; empty elsewhere). An address reads as inet_ntop writes it: 127.0.0.1, ::1,
+    ::ffff:127.0.0.1 for a dual-stack socket's IPv4 one."""
+    found = {}
+    for table, family in (("/proc/net/tcp", socket.AF_INET), ("/proc/net/tcp6", socket.AF_INET6)):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if len(fields) > 9 and fields[3] == "0A":  # TCP_LISTEN
+                address, port = fields[1].split(":")
+                raw = bytes.fromhex(address)  # 32-bit words in the host's (little-endian) order
+                packed = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+                found[int(fields[9])] = (socket.inet_ntop(family, packed), int(port, 16))
+    return found
+
+
 def die_with_parent() -> None:
     """In a child (preexec_fn): ask Linux to send SIGTERM when the parent dies. A no-op elsewhere."""
     if sys.platform.startswith("linux"):

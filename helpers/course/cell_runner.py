@@ -51,7 +51,6 @@ import linecache
 import os
 import shutil
 import signal
-import socket
 import sys
 import threading
 import time
@@ -60,6 +59,7 @@ import types
 import warnings
 from pathlib import Path
 
+from helpers.core.procs import listening_tcp
 from helpers.course import kit_use
 
 INPUT = Path("/grading/in")
@@ -543,22 +543,8 @@ _monotonic, _sleep = time.monotonic, time.sleep  # as they were before any stude
 
 
 def listening_sockets() -> list[str]:
-    """The TCP sockets listening in this network namespace, as "address:port" (read from /proc/net/tcp and tcp6)."""
-    found = set()
-    for table, family in (("/proc/net/tcp", socket.AF_INET), ("/proc/net/tcp6", socket.AF_INET6)):
-        try:
-            rows = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for row in rows:
-            fields = row.split()
-            if len(fields) > 3 and fields[3] == "0A":  # TCP_LISTEN
-                address, port = fields[1].split(":")
-                raw = bytes.fromhex(address)  # 32-bit words in the host's (little-endian) order
-                packed = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
-                host = socket.inet_ntop(family, packed)
-                found.add(f"{host}:{int(port, 16)}" if family == socket.AF_INET else f"[{host}]:{int(port, 16)}")
-    return sorted(found)
+    """The TCP sockets listening in this network namespace, as "address:port" ("[address]:port" for IPv6)."""
+    return sorted({f"[{host}]:{port}" if ":" in host else f"{host}:{port}" for host, port in listening_tcp().values()})
 
 
 def servers_left_listening(grace_s: float = 2.0) -> list[str]:
