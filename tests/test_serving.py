@@ -406,3 +406,4 @@ def test_a_failed_ray_sessions_logs_are_kept_and_the_raylets_last_words_quoted(t
     assert sorted(p.name for p in (tmp_path / "kept").iterdir()) == ["dashboard_agent.log", "raylet.out"]
     assert "one Ray agent failed" in said and str(tmp_path / "kept") in said.splitlines()[-1]
     assert "left no session logs" in keep_ray_logs(str(tmp_path / "elsewhere"), tmp_path / "none")
+    assert not (tmp_path / "none").exists()

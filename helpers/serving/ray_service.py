@@ -157,10 +157,12 @@ RAY_LOGS_KEPT = ("raylet.out", "raylet.err", "gcs_server.out", "gcs_server.err",
 def keep_ray_logs(scratch: str, into: Path) -> str:
     """Copy the logs of Ray's session in ``scratch`` that tell why a node died into ``into``; a line saying where."""
     logs = Path(scratch) / "session_latest" / "logs"
-    into.mkdir(parents=True, exist_ok=True)
-    kept = [shutil.copy(found, into) for pattern in RAY_LOGS_KEPT for found in logs.glob(pattern)]
-    if not kept:
+    found = [log for pattern in RAY_LOGS_KEPT for log in logs.glob(pattern)]
+    if not found:
         return f"Ray left no session logs in {logs}"
+    into.mkdir(parents=True, exist_ok=True)
+    for log in found:
+        shutil.copy(log, into)
     tail = (into / "raylet.out").read_text(errors="replace").splitlines()[-6:] if (into / "raylet.out").exists() else []
     return "\n".join(["raylet.out ends with:", *tail, f"Ray's session logs are kept in {into}"])
 
