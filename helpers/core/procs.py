@@ -48,9 +48,9 @@ def free_port() -> int:
     and stays taken while that connection waits out TIME_WAIT (a minute): a load test makes thousands, and the
     server then fails with "address already in use". The kernel gives no connection a port below its range. The
     choice is random from the OS's entropy (a notebook's ``random.seed`` must not make two runs choose alike)."""
-    candidates = range(SERVER_PORTS_FROM, outgoing_ports().start)
+    candidates, entropy = range(SERVER_PORTS_FROM, outgoing_ports().start), random.SystemRandom()
     for _ in range(64 if len(candidates) >= 1000 else 0):  # too narrow a range: the OS picks, as it always did
-        port = random.SystemRandom().choice(candidates)
+        port = entropy.choice(candidates)
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:
                 sock.bind((LOOPBACK, port))  # no SO_REUSEADDR: fails while any socket, TIME_WAIT too, holds it
@@ -198,8 +198,9 @@ class ServedProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
+                report = self._stop_and_report()
                 raise RuntimeError(f"the server exited with code {self.process.returncode} before it was healthy; "
-                                   f"its log ({self.log_path}) ends with:\n{self._failed()}")
+                                   f"its log ({self.log_path}) ends with:\n{report}")
             try:
                 with urllib.request.urlopen(self.url + health_path, timeout=2) as answer:
                     if answer.status == 200:
@@ -207,11 +208,12 @@ class ServedProcess:
             except (urllib.error.URLError, ConnectionError, TimeoutError):
                 pass
             time.sleep(0.1)
+        report = self._stop_and_report()
         raise TimeoutError(f"the server on port {self.port} was not healthy within {timeout:.0f} s; "
-                           f"its log ends with:\n{self._failed()}")
+                           f"its log ends with:\n{report}")
 
-    def _failed(self) -> str:
-        """The end of the log and the diagnosis of a server that did not start, which is then stopped."""
+    def _stop_and_report(self) -> str:
+        """Stop a server that did not start; the end of its log and its diagnosis, taken before its folders go."""
         report = self.log_tail()
         if self._diagnose is not None:
             report += "\n" + self._diagnose()
