@@ -5,6 +5,7 @@ import os
 import time
 from pathlib import Path
 
+from helpers.core.procs import available_cores  # imports no torch
 from tests.notebook_runs import THREAD_VARIABLES  # imports no torch
 
 
@@ -16,8 +17,7 @@ def _share_the_cores_between_workers() -> None:
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers <= 1:
         return
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    share = str(max(1, cores // workers))
+    share = str(max(1, available_cores() // workers))
     for name in THREAD_VARIABLES:
         os.environ.setdefault(name, share)
 

@@ -65,7 +65,7 @@ def test_each_pytest_worker_runs_torch_on_its_share_of_the_cores():
     import subprocess
     import sys
 
-    from helpers.core.workers import available_cores
+    from helpers.core.procs import available_cores
 
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
     code = "import tests.conftest, torch; print(torch.get_num_threads())"

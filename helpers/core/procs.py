@@ -28,6 +28,11 @@ import psutil
 LOOPBACK = "127.0.0.1"
 
 
+def available_cores() -> int:
+    """CPU cores this process may run on (the affinity mask where the OS has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 SERVER_PORTS_FROM = 20000  # above Ray's worker ports (10002-19999) and the registered services most machines run
 
 

@@ -33,7 +33,7 @@ import psutil
 import torch
 import torch.distributed as dist
 
-from helpers.core.procs import redirect_output
+from helpers.core.procs import available_cores, redirect_output  # noqa: F401  (available_cores re-exported)
 from helpers.core.torch_adapters.dispatch import FIRST_USE_IMPORTS
 
 HOST = "127.0.0.1"
@@ -102,11 +102,6 @@ def plan_ranks(world_size: int, gpus: int | None = None) -> RankPlan:
 def default_backend(world_size: int) -> str:
     """The process-group backend ``plan_ranks`` chooses for ``world_size`` ranks on this machine."""
     return plan_ranks(world_size).backend
-
-
-def available_cores() -> int:
-    """CPU cores this process may run on (the affinity mask where the OS has one)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def default_threads(world_size: int) -> int:
