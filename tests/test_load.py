@@ -41,6 +41,24 @@ def test_a_busy_program_outside_this_process_counts_and_a_busy_child_does_not(st
     assert child > 0.05 and mine.cores <= everything - 0.8 * child, (everything, mine.cores, child)  # the child is the demo, not other work
 
 
+LAUNCHER = ("import subprocess, sys, time\n"
+            "subprocess.run([sys.executable, '-c', {busy!r}], check=True)\n"  # a worker that ends, reaped by the launcher
+            "print('reaped', flush=True)\n"
+            "time.sleep(30)\n")
+
+
+def test_a_worker_that_ended_under_a_launcher_still_counts_as_this_process_s_own():
+    start = load._own_seconds()
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER.format(busy=BUSY.format(seconds=0.6))], stdout=subprocess.PIPE, text=True)
+    try:
+        assert launcher.stdout.readline().strip() == "reaped"
+        own = load._own_seconds() - start  # the launcher is alive; its worker is gone, its CPU in the launcher's children
+    finally:
+        launcher.kill()
+        launcher.wait()
+    assert own >= 0.4, own  # counted the worker's busy loop (however long the machine kept it waiting)
+
+
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two cores: one busy, one free")
 def test_timing_beside_a_busy_program_uses_the_free_cores_and_the_table_says_so(stranger):
     load._sample = None

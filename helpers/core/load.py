@@ -23,16 +23,16 @@ def _busy_seconds() -> float:
 
 
 def _own_seconds() -> float:
-    """CPU seconds of this process, its finished children and its running descendants."""
+    """CPU seconds of this process, its running descendants, and every child any of them has reaped (a launcher's
+    workers that ended count as the launcher's children, not as other programs)."""
+    total = 0.0
     me = psutil.Process()
-    mine = me.cpu_times()
-    total = mine.user + mine.system + mine.children_user + mine.children_system
-    for child in me.children(recursive=True):
+    for process in [me, *me.children(recursive=True)]:
         try:
-            times = child.cpu_times()
+            times = process.cpu_times()
         except psutil.Error:
             continue
-        total += times.user + times.system
+        total += times.user + times.system + times.children_user + times.children_system
     return total
 
 
