@@ -33,10 +33,11 @@ def printed(source: str, **names) -> str:
     return out.getvalue()
 
 
-def row(m, measured, low, high, expected=None, makespan=0.4, work=0.05, wait=0.001, core=1.0):
+def row(m, measured, low, high, expected=None, makespan=0.4, work=0.05, wait=0.001, core=1.0, busy=None, spans=None, alone=None, beside=None):
     formula = 1 / (m + 1)
     return PipelineRow(m, 1024 // m, formula, formula if expected is None else expected, measured, (low, high), makespan, "", work, wait, core,
-                       m, 0, True)
+                       m, 0, True, busy_total=makespan if busy is None else busy, replayed_makespan=makespan - wait * m,
+                       makespan_range=spans or (makespan, makespan), alone_slowdown=alone, overlap_slowdown=beside)
 
 
 def pipe_says(*rows):
@@ -44,23 +45,30 @@ def pipe_says(*rows):
 
 
 def test_the_pipeline_verdict_calls_a_fall_only_beyond_the_spread():
-    falling = pipe_says(row(1, 0.505, 0.50, 0.51), row(8, 0.12, 0.11, 0.13, makespan=0.23))
+    falling = pipe_says(row(1, 0.505, 0.50, 0.51), row(8, 0.12, 0.11, 0.13, makespan=0.23, busy=0.4, spans=(0.22, 0.24)))
     assert "shrank it, beyond the spread" in falling and "follows the schedule's at every m" in falling
-    assert "the overlap of the stages saved time" in falling
+    assert "the overlap of the stages saved time, beyond the spread" in falling
+    assert "predicts 225 ms at m = 8, inside the measured range: the prediction holds" in falling
     overlapping = pipe_says(row(1, 0.505, 0.40, 0.52), row(8, 0.45, 0.11, 0.45))
     assert "no fall beyond the spread" in overlapping and "shrank" not in overlapping
 
 
 def test_the_pipeline_verdict_says_where_and_why_the_bubble_parts_from_the_schedule():
-    busy = pipe_says(row(1, 0.505, 0.50, 0.51, core=0.9), row(8, 0.30, 0.28, 0.31, expected=0.15, wait=0.004, core=0.4, makespan=0.9))
+    busy = pipe_says(row(1, 0.505, 0.50, 0.51, core=0.9, spans=(0.38, 0.42)),
+                     row(8, 0.30, 0.28, 0.31, expected=0.15, wait=0.004, core=0.4, makespan=0.9, spans=(0.35, 0.95)))
     assert "They part at m = 8." in busy and "they agree" in busy.splitlines()[1]
-    assert "Unequal stage times account for +0.039" in busy and "time outside the ops for +0.150" in busy
+    assert "Uneven op times account for +0.039" in busy and "time outside the ops for +0.150" in busy
     assert "other programs took part of the CPU" in busy
-    assert "the overlap saved no time here: the ops got 40% of a core" in busy
+    assert "the ranges overlap: no saving beyond the spread" in busy and "saved time" not in busy
     quiet = pipe_says(row(1, 0.505, 0.50, 0.51), row(8, 0.30, 0.28, 0.31, expected=0.15, wait=0.02, makespan=0.45))
-    assert "messages and the stages' wake-ups" in quiet and "took it" in quiet  # cores free, the per-micro-batch cost ate the overlap
-    below = pipe_says(row(1, 0.505, 0.50, 0.51), row(2, 0.28, 0.27, 0.29, expected=0.34, core=0.6, makespan=0.3))
-    assert "lies below the replay" in below and "They part at m = 2." in below
+    assert "messages and the stages' wake-ups" in quiet and "took longer, beyond the spread" in quiet
+    # the ops slowed as the micro-batches shrank: the prediction from m = 1's op times misses, and the miss is taken apart
+    slowed = pipe_says(row(1, 0.505, 0.50, 0.51, makespan=1.0, busy=1.0, spans=(0.99, 1.01)),
+                       row(8, 0.18, 0.13, 0.21, expected=0.14, wait=0.001, makespan=0.85, busy=1.4, spans=(0.80, 0.90), alone=1.3, beside=1.1))
+    assert "predicts 562 ms at m = 8; measured 850 ms, 1.51x that: the prediction misses" in slowed
+    assert "(1.40x), which moves the prediction to 788 ms; uneven op times to 842 ms (the replay)" in slowed
+    assert "ran alone took 1.30x" in slowed and "The larger factor is the micro-batch's size." in slowed
+    assert "the overlap of the stages saved time" in slowed
 
 
 def test_the_offload_verdict_calls_overlapping_ranges_a_tie():

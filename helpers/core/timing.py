@@ -76,10 +76,11 @@ def time_once(fn: Callable, *, sync: torch.device | None = None) -> float:
 
 @dataclass(frozen=True)
 class Turns:
-    """One function's seconds per call from interleaved rounds: the fastest reading and the median one."""
+    """One function's seconds per call from interleaved rounds: the fastest reading, the median one, and every reading."""
 
     fastest: float
     median: float
+    readings: tuple[float, ...] = ()
 
     @property
     def spread(self) -> float:
@@ -116,4 +117,4 @@ def time_interleaved(functions: Mapping[str, Callable[[], object]], device: str 
                     synchronize(device)
                     times[name].append(time.perf_counter() - start)
     load.record(other.cores)
-    return {name: Turns(min(values), statistics.median(values)) for name, values in times.items()}
+    return {name: Turns(min(values), statistics.median(values), tuple(values)) for name, values in times.items()}

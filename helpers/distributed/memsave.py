@@ -143,13 +143,19 @@ def real_step_peak(model: nn.Module, example: ExampleInput, optimizer: Optimizer
         return measure_training_memory(model, example, optimizer, loss_fn=mean_square_loss, **settings).peak_bytes
 
 
-def _update_times(setups: Mapping, example: ExampleInput, optimizer: OptimizerChoice, rounds: int) -> dict:
-    """Median update time per setup (``update_function`` keyword arguments by key); empty when ``rounds`` is 0."""
+def _update_rounds(setups: Mapping, example: ExampleInput, optimizer: OptimizerChoice, rounds: int) -> dict[object, list[float]]:
+    """Every round's update time per setup (``update_function`` keyword arguments by key), the setups taking turns after a
+    warm-up each; empty when ``rounds`` is 0."""
     if rounds <= 0:
         return {}
     updates = {key: update_function(example=example, optimizer=optimizer, **settings) for key, settings in setups.items()}
     device = first_device(next(iter(setups.values()))["model"])
-    return {key: t.fastest for key, t in time_interleaved(updates, device, rounds, cpu_threads=1).items()}
+    return {key: list(t.readings) for key, t in time_interleaved(updates, device, rounds, cpu_threads=1).items()}
+
+
+def _update_times(setups: Mapping, example: ExampleInput, optimizer: OptimizerChoice, rounds: int) -> dict:
+    """The fastest update time per setup over ``rounds`` interleaved rounds; empty when ``rounds`` is 0."""
+    return {key: min(values) for key, values in _update_rounds(setups, example, optimizer, rounds).items()}
 
 
 def example_batch(model: nn.Module, batch_size: int) -> torch.Tensor:
@@ -242,7 +248,8 @@ def accumulation_memory(model: nn.Module | None = None, batch_size: int = 16, mi
             for micro in micro_batch_sizes:
                 grads = gradients_after(model, example, batch_size // micro)
                 same[micro] = all(torch.allclose(g, r, rtol=1e-4, atol=1e-6) for g, r in zip(grads, reference))
-    seconds = _update_times({m: dict(model=model, micro_batches=batch_size // m) for m in micro_batch_sizes}, example, optimizer, rounds)
+    round_seconds = _update_rounds({m: dict(model=model, micro_batches=batch_size // m) for m in micro_batch_sizes}, example, optimizer, rounds)
+    seconds = {m: min(values) for m, values in round_seconds.items()}
     rows = []
     for micro in micro_batch_sizes:
         k = batch_size // micro
@@ -254,7 +261,9 @@ def accumulation_memory(model: nn.Module | None = None, batch_size: int = 16, mi
              "micro-batches, so the summed gradients are those of the batch's mean loss.",
              f"Peak {format_bytes(rows[0].peak)} at one batch, {format_bytes(smallest.peak)} in micro-batches of {smallest.micro_batch}: "
              "activations shrink with the micro-batch; parameters, gradients (kept between micro-batches) and optimizer state do not."]
-    return MemoryComparison(rows, f"Gradient accumulation: one update on a batch of {batch_size}", notes)
+    report = MemoryComparison(rows, f"Gradient accumulation: one update on a batch of {batch_size}", notes)
+    report.round_seconds = {r.setup: round_seconds.get(r.micro_batch, []) for r in rows}  # every round's update time, by setup
+    return report
 
 
 # ---------------------------------------------------------------- mixed precision

@@ -59,10 +59,11 @@ def stage_orders(schedule: Schedule, stages: int, micro_batches: int) -> list[li
 
 
 def ideal_timeline(schedule: Schedule, stages: int, micro_batches: int, forward: float | Sequence[float] = 1.0,
-                   backward: float | Sequence[float] = 2.0) -> list[list[tuple]]:
+                   backward: float | Sequence[float] = 2.0, op_seconds: Sequence[dict] | None = None) -> list[list[tuple]]:
     """Start and end of every op per stage when each forward takes ``forward`` and each backward ``backward``, communication free.
 
-    Durations are one number for all stages or one per stage. An op starts when its stage is
+    Durations are one number for all stages or one per stage, or, with ``op_seconds``, each op's own
+    (per stage, a dict from ("F" or "B", micro-batch) to seconds). An op starts when its stage is
     free and its input is ready: a forward needs the previous stage's forward of the same
     micro-batch, a backward the next stage's backward.
     """
@@ -82,7 +83,7 @@ def ideal_timeline(schedule: Schedule, stages: int, micro_batches: int, forward:
             if needs is not None and needs not in done:
                 continue
             start = max(free[s], done.get(needs, 0.0))
-            end = start + (forward[s] if kind == "F" else backward[s])
+            end = start + (op_seconds[s][kind, i] if op_seconds is not None else forward[s] if kind == "F" else backward[s])
             done[kind, s, i], free[s] = end, end
             timeline[s].append((kind, i, start, end))
             position[s] += 1
@@ -176,7 +177,7 @@ def _run_stage(stage: nn.Module, order: Sequence[Op], micro_batches: int, x: tor
     inputs: dict[int, torch.Tensor] = {}
     outputs: dict[int, torch.Tensor] = {}
     sends, events = [], []
-    t0 = time.perf_counter()
+    t0 = 0.0  # perf_counter is the machine's monotonic clock, shared by the stages' processes: their events line up
     for kind, i in order:
         if kind == "F":
             if rank == 0:
@@ -244,6 +245,12 @@ class PipelineRow:
     held: int = column("activations held on stage 0")
     bytes_per_boundary: int = column("sent per stage boundary", format_bytes)
     same_gradients: bool = column("same gradients as unsplit")
+    # not shown in the table; read by the lecture's verdicts
+    busy_total: float = 0.0  # the ops' time summed over all stages
+    replayed_makespan: float = 0.0  # the schedule replayed with this run's op times, messages free
+    makespan_range: tuple[float, float] = (0.0, 0.0)  # time per batch over the repeats
+    alone_slowdown: float | None = None  # ops alone, time per row of the batch, against the same ops at the first m
+    overlap_slowdown: float | None = None  # ops beside another stage's ops, against the same stage's same kind of op alone
 
 
 class PipelineRun(Report):
@@ -276,15 +283,51 @@ class PipelineRun(Report):
 
 
 def _replayed(timeline: list[list[tuple]], micro_batches: int, schedule: Schedule) -> tuple[float, float, float]:
-    """The schedule replayed with each stage's median measured forward and backward and free messages: its bubble, its
-    time per batch, and the slower stage's forward + backward of one micro-batch."""
+    """The schedule replayed with this run's own op times and free messages: its bubble, its time per batch, and the
+    slower stage's median forward + backward of one micro-batch. The replay's busy time is the run's, so every
+    difference between the two is time outside the ops."""
     def median_of(lane, kind):
         return statistics.median(e[3] - e[2] for e in lane if e[0] == kind)
 
-    forward = [median_of(lane, "F") for lane in timeline]
-    backward = [median_of(lane, "B") for lane in timeline]
-    replay = ideal_timeline(schedule, len(timeline), micro_batches, forward, backward)
-    return bubble_of(replay), max(e[3] for lane in replay for e in lane), max(f + b for f, b in zip(forward, backward))
+    op_seconds = [{(e[0], e[1]): e[3] - e[2] for e in lane} for lane in timeline]
+    replay = ideal_timeline(schedule, len(timeline), micro_batches, op_seconds=op_seconds)
+    work = max(median_of(lane, "F") + median_of(lane, "B") for lane in timeline)
+    return bubble_of(replay), max(e[3] for lane in replay for e in lane), work
+
+
+def _overlaps(timeline: list[list[tuple]]) -> list[list[float]]:
+    """For every op, the share of its time during which another stage was computing too."""
+    shares = []
+    for s, lane in enumerate(timeline):
+        others = [e for t, other in enumerate(timeline) if t != s for e in other]
+        shares.append([sum(max(0.0, min(e[3], o[3]) - max(e[2], o[2])) for o in others) / max(e[3] - e[2], 1e-12) for e in lane])
+    return shares
+
+
+def _alone_and_beside(timeline: list[list[tuple]]) -> dict[tuple[int, str], tuple[list[float], list[float]]]:
+    """Per (stage, kind): durations of the ops that ran alone (under 10% overlap) and beside another stage's (over 50%)."""
+    groups: dict[tuple[int, str], tuple[list[float], list[float]]] = {}
+    for s, (lane, shares) in enumerate(zip(timeline, _overlaps(timeline))):
+        for e, share in zip(lane, shares):
+            alone, beside = groups.setdefault((s, e[0]), ([], []))
+            (alone if share < 0.1 else beside if share > 0.5 else []).append(e[3] - e[2])
+    return groups
+
+
+def _slowdowns(timeline: list[list[tuple]], micro_batches: int, first: list[list[tuple]], first_m: int) -> tuple[float | None, float | None]:
+    """Two causes of slower ops, from the timelines: ops alone, per row of the batch, against the first m's alone ops (the
+    micro-batch's size), and ops beside another stage's against the same stage's same kind alone (stages sharing the machine)."""
+    now, before = _alone_and_beside(timeline), _alone_and_beside(first)
+    size = [statistics.median(now[k][0]) * micro_batches / (statistics.median(before[k][0]) * first_m)
+            for k in now if now[k][0] and k in before and before[k][0]]
+    beside = [statistics.median(b) / statistics.median(a) for a, b in now.values() if a and b]
+    return (statistics.median(size) if size else None), (statistics.median(beside) if beside else None)
+
+
+def _from_zero(timeline: list[list[tuple]]) -> list[list[tuple]]:
+    """Events on the shared clock, shifted so that the first op of any stage starts at zero."""
+    origin = min(e[2] for lane in timeline for e in lane)
+    return [[(k, i, start - origin, end - origin, *rest) for k, i, start, end, *rest in lane] for lane in timeline]
 
 
 def _reference_gradients(stages: int, layers_per_stage: int, width: int, batch: int) -> list[list[torch.Tensor]]:
@@ -314,7 +357,7 @@ def pipeline_experiment(schedule: Schedule, stages: int = 2, micro_batches: Sequ
     reference = _reference_gradients(stages, layers_per_stage, width, batch)
     rows, timelines = [], {}
     for m in micro_batches:
-        attempts = [[per_rank[s][m]["attempts"][a] for s in range(stages)] for a in range(len(per_rank[0][m]["attempts"]))]
+        attempts = [_from_zero([per_rank[s][m]["attempts"][a] for s in range(stages)]) for a in range(len(per_rank[0][m]["attempts"]))]
         spans = [max(e[3] for lane in t for e in lane) - min(e[2] for lane in t for e in lane) for t in attempts]
         chosen = attempts[spans.index(statistics.median_low(spans))]
         timelines[m] = chosen
@@ -326,16 +369,19 @@ def pipeline_experiment(schedule: Schedule, stages: int = 2, micro_batches: Sequ
         cpu = sum(e[4] / per_rank[s][m]["threads"] for s, lane in enumerate(chosen) for e in lane)
         both_ways = sum(per_rank[s][m]["bytes_sent"] for s in range(stages)) // max(stages - 1, 1)
         span = statistics.median_low(spans)
+        alone, beside = _slowdowns(chosen, m, timelines[micro_batches[0]], micro_batches[0])
         rows.append(PipelineRow(m, batch // m, bubble_fraction(stages, m), expected, bubble_of(chosen), (min(bubbles), max(bubbles)),
-                                span, busy, work, (span - replayed_span) / m, cpu / wall, per_rank[0][m]["held"], both_ways, same))
+                                span, busy, work, (span - replayed_span) / m, cpu / wall, per_rank[0][m]["held"], both_ways, same,
+                                busy_total=wall, replayed_makespan=replayed_span, makespan_range=(min(spans), max(spans)),
+                                alone_slowdown=alone, overlap_slowdown=beside))
     threads = per_rank[0][micro_batches[0]]["threads"]
     notes = [f"An MLP of {stages * layers_per_stage} linear {width}x{width} layers, {layers_per_stage} per stage, batch {batch}; "
              f"each stage a process with {threads} CPU thread(s); activations go forward and their gradients back "
              "with isend/recv (counted: 'sent per stage boundary', both directions).",
              f"Bubble measured = 1 - (busy time of all stages) / (stages x time per batch), waiting for a message counting as idle: "
              f"the run with the median time of {max(repeats, 1)}, and the range over all of them. 'From op times' replays the schedule "
-             "with each stage's median forward and backward and free messages: the formula assumes equal stages, and these "
-             "are not quite (the first stage computes no gradient for its input, the last adds the loss).",
-             "Time beyond op times = (measured time per batch - the replay's) / m: messages, and waiting for a core. "
+             "with this run's own op times and free messages: the formula assumes equal ops, and these are not (the first stage "
+             "computes no gradient for its input, the last adds the loss, and some ops ran slower than others).",
+             "Time beyond op times = (measured time per batch - the replay's) / m, never below zero: messages, and waiting for a core. "
              "Core share = CPU time / wall time of the ops, per thread: below 100% when other work took the CPU."]
     return PipelineRun(rows, timelines, stages, schedule, notes)
