@@ -68,6 +68,7 @@ def test_the_speed_sentence_follows_the_measured_speed_up_and_the_devices_suppor
         assert words in report.speed_sentence()
     report.native_low = False
     assert "no native bf16 arithmetic" in report.speed_sentence()  # a slow step on a CPU without bf16 units says why
+    assert "avx512_bf16 nor amx_bf16" in report.speed_sentence() and "likely" in report.speed_sentence()  # the flags it read
 
 
 def test_compute_bound_width_sizes_layers_from_the_gpus_peak(monkeypatch):

@@ -36,6 +36,10 @@ def test_torch_compile_gives_the_eager_result_and_reports_compile_time_separatel
     assert compiled.speedup == pytest.approx(eager.steady_seconds / compiled.steady_seconds)
     if compiled.break_even_calls is not None:  # "pays off after n calls": the compile time over the saving per call
         assert compiled.break_even_calls == pytest.approx(compiled.compile_seconds / (eager.steady_seconds - compiled.steady_seconds))
+    # a break-even only for a gap outside the rounds' spread: every compiled round faster than every eager one
+    apart = compiled.steady_range[1] < eager.steady_range[0]
+    assert (compiled.outcome == "faster") == apart and (compiled.break_even_calls is not None) == apart, (compiled, eager)
+    assert eager.steady_range[0] <= eager.steady_seconds <= eager.steady_range[1]
 
 
 def test_a_failing_compiler_falls_back_to_torchscript_and_says_why():

@@ -17,6 +17,7 @@ from helpers.training.kernel_table import (
     CPU_FRAMEWORK,
     CPU_GEMM,
     CPU_MEMORY,
+    CPU_SLOW_CONV,
     ELEMENTWISE,
     GPU_CLASSES,
     PLAIN_MATMUL,
@@ -64,7 +65,8 @@ GPU_NAMES = [
 
 CPU_NAMES = [
     ("aten::addmm", CPU_GEMM), ("aten::mm", CPU_GEMM), ("aten::bmm", CPU_GEMM),
-    ("aten::mkldnn_convolution", CPU_CONV), ("aten::convolution_backward", CPU_CONV), ("aten::_slow_conv2d_forward", CPU_CONV),
+    ("aten::mkldnn_convolution", CPU_CONV), ("aten::convolution_backward", CPU_CONV), ("aten::_slow_conv2d_forward", CPU_SLOW_CONV),
+    ("aten::_slow_conv2d_backward", CPU_SLOW_CONV),  # ATen's own loops: no oneDNN primitive runs
     ("aten::_convert_indices_from_coo_to_csr", CPU_ATEN),  # 'conv' in 'convert' is no convolution
     ("convolution jit:avx512_core (forward_training)", CPU_CONV),
     ("convolution brgconv:avx512_core_amx (forward_inference)", CPU_CONV),
@@ -113,6 +115,8 @@ def test_a_real_cpu_step_is_classified_from_its_profile_and_onednn_log():
         classes = {k.kernel_class for k in report.onednn.rows if k.name.startswith("convolution ")}
         assert classes == {CPU_CONV}
     assert "oneDNN primitives that ran" in report.table()
+    assert len(report.step_seconds) == 3 and "kernel_table.step" not in {k.name for k in report.kernels.rows}
+    assert "x the time of" in report.compare_steps(report)
 
 
 def test_gpu_classes_and_bad_dtype():

@@ -40,7 +40,11 @@ def test_each_program_is_diagnosed_as_the_pattern_it_reproduces(make, one_thread
     program = make()
     metrics = measure(program.step)
     verdict, evidence = patterns.diagnose(metrics)
-    assert verdict == program.expected, evidence
+    if program.expected == "synchronisation bound":  # on a CPU the reads bind the step only if they cost a share of it
+        assert (verdict == program.expected) == (metrics.sync_stall_share >= patterns.SYNC_STALL_SHARE), evidence
+        assert f"{metrics.syncs_per_step:.0f} host reads" in evidence
+    else:
+        assert verdict == program.expected, evidence
 
 
 def test_profile_metrics_count_ops_and_host_reads():
@@ -65,10 +69,29 @@ def test_gpu_side_of_the_diagnosis_reads_how_busy_the_gpu_was():
     assert patterns.diagnose(_gpu_metrics(syncs_per_step=1, sync_stall_share=0.001))[0] == "compute bound"  # one cheap read
 
 
+def _cpu_metrics(**changes) -> patterns.ProfileMetrics:
+    base = patterns.ProfileMetrics("cpu", 5, 0.02, 300, 8.0, 0.6, 24, 0.008, None, "aten::addmm", 0.4)
+    return dataclasses.replace(base, **changes)
+
+
+def test_frequent_host_reads_on_a_cpu_bind_the_step_only_when_they_cost():
+    verdict, evidence = patterns.diagnose(_cpu_metrics())  # 24 reads costing 0.8% of the step: the ops bind it
+    assert verdict == "launch bound" and "24 host reads" in evidence and "0.8%" in evidence
+    assert patterns.diagnose(_cpu_metrics(sync_stall_share=0.3))[0] == "synchronisation bound"
+
+
+def test_a_fix_counts_as_faster_only_when_the_ranges_are_apart():
+    assert patterns.fix_outcome([10.0, 11.0, 12.0], [8.0, 9.0, 9.5]) == "faster"
+    assert patterns.fix_outcome([10.0, 11.0, 12.0], [9.0, 10.5, 8.5]) == "a tie"  # a lower median, overlapping ranges
+    assert patterns.fix_outcome([10.0, 11.0], [12.0, 13.0]) == "slower"
+
+
 def test_profile_patterns_report_all_three(one_thread):
     report = patterns.profile_patterns(profile_steps, "cpu", steps=1, min_run_time=0.01, compute_n=128, launch_samples=8, decode_length=4)
     assert [r.expected for r in report.rows] == ["compute bound", "launch bound", "synchronisation bound"]
     assert all(r.speedup == pytest.approx(r.step_seconds / r.fixed_seconds) for r in report.rows)
+    assert all(r.outcome == patterns.fix_outcome([*r.step_range], [*r.fixed_range]) for r in report.rows)
+    assert len(report.conclusions()) == 3
     assert report.find(expected="launch bound").verdict == "launch bound"
     assert len(report.plot().collections) == 3  # one point per program
 

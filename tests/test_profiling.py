@@ -33,12 +33,20 @@ def two_parts():
 
 
 def test_cprofile_ranks_the_function_that_takes_the_time():
-    report = profiling.cprofile(two_parts, repeat=2)
+    report = profiling.cprofile(two_parts, repeat=2, rounds=2)
     by_name = {r.function.split(" (")[0]: r for r in report.rows}
     assert report.rows[0].function.startswith(("spin", "<built-in method time.perf_counter>"))
-    assert by_name["hot_function"].calls == 2 and by_name["two_parts"].calls == 2
+    assert by_name["hot_function"].calls == 4 and by_name["two_parts"].calls == 4  # 2 calls in each of 2 rounds
+    assert len(report.profiled_rounds) == len(report.plain_rounds) == 2
     assert by_name["hot_function"].total_seconds > 2 * by_name["cold_function"].total_seconds
     assert report.plain_seconds > 0 and report.overhead == pytest.approx(report.profiled_seconds / report.plain_seconds)
+
+
+def test_cprofile_overhead_is_judged_against_the_rounds_spread():
+    slower = profiling.PythonProfile([], 1.25, 1.05, [1.2, 1.3, 1.25], [1.0, 1.1, 1.05])
+    assert slower.overhead_verdict == "slower" and "slower in every round" in slower.notes[0]
+    tie = profiling.PythonProfile([], 0.94, 1.0, [0.9, 1.1, 0.94], [1.0, 0.95, 1.2])  # a lower median, overlapping ranges
+    assert tie.overhead_verdict == "a tie" and "a tie" in tie.notes[0] and "slower" not in tie.notes[0]
 
 
 def test_collapsed_stacks_give_own_and_total_shares():

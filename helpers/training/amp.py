@@ -18,6 +18,7 @@ from helpers.core.step import amp_name, resolve_amp, training_step
 from helpers.core.timing import timeit
 
 SAME_SPEED = 1.1  # a speed-up within this factor of 1 counts as no change
+CPU_LOW_FLAGS = {"bf16": ("avx512_bf16", "amx_bf16"), "fp16": ("avx512_fp16", "amx_fp16")}  # helpers.core.device.cpu_native_dtypes reads these
 
 
 @dataclass
@@ -112,8 +113,13 @@ class AmpComparison(Report):
         if speedup >= SAME_SPEED:
             return (f"AMP ran the step {speedup:.2f}x as fast as fp32 on {self.device}: its matrix products ran in {low} on "
                     "units built for it, and its 16-bit tensors moved half the bytes.")
-        if not self.native_low:
-            why = f"{self.device} has no native {low} arithmetic, so the 16-bit products are converted back to fp32 work"
+        if not self.native_low and not is_gpu(self.device):
+            flags = " nor ".join(CPU_LOW_FLAGS.get(low, ()))
+            why = (f"this CPU's flags (/proc/cpuinfo) list neither {flags}, so it likely has no native {low} arithmetic and the "
+                   "16-bit products are converted to fp32 work, with casts around them" if flags else
+                   f"this CPU has no {low} instructions the kit knows of")
+        elif not self.native_low:
+            why = f"{self.device} has no native {low} arithmetic (its compute capability), so the 16-bit products are converted back to fp32 work"
         else:
             why = ("the step's products are too small to keep the 16-bit units busy: it is bound by kernel launches and "
                    "memory traffic (Lecture 5b), and autocast adds casts of its own; on wider layers "

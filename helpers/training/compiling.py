@@ -3,6 +3,7 @@ with TorchScript as the fallback where torch.compile cannot run (no C++ compiler
 """
 from __future__ import annotations
 
+import statistics
 import time
 import warnings
 from dataclasses import dataclass
@@ -25,6 +26,8 @@ class ExecutionMode:
     speedup: float = column("speed-up", ".2f")
     break_even_calls: float | None = column("pays off after", lambda n: f"{n:,.0f} calls")
     max_difference: float = column("max |difference|", ".2g")
+    steady_range: tuple[float, float] = (0.0, 0.0)  # fastest and slowest round of the steady-state timing
+    outcome: str = "n/a"  # against eager: 'faster' or 'slower' when the rounds' ranges are apart, else 'a tie'
 
 
 class CompiledComparison(Report):
@@ -32,8 +35,16 @@ class CompiledComparison(Report):
 
     title = "Eager vs compiled execution"
 
-    def __init__(self, rows, program: str, fallback_reason: str | None):
+    def __init__(self, rows, program: str, fallback_reason: str | None, rounds: int = 1):
         notes = [program]
+        eager, fast = rows
+        if rounds > 1:
+            ranges = (f"eager {format_seconds(eager.steady_range[0])} to {format_seconds(eager.steady_range[1])}, {fast.mode} "
+                      f"{format_seconds(fast.steady_range[0])} to {format_seconds(fast.steady_range[1])}")
+            judged = {"faster": "faster in every round", "slower": "slower in every round",
+                      "a tie": "a tie (the ranges overlap): compiling never pays off here"}[fast.outcome]
+            notes.append(f"per call after: the median of {rounds} rounds in which eager and compiled took turns ({ranges}); "
+                         f"compiled: {judged}")
         if fallback_reason:
             notes.append(f"torch.compile could not run here ({fallback_reason}); TorchScript was used instead")
         super().__init__(rows, notes)
@@ -87,6 +98,7 @@ def eager_vs_compiled(
     threads: int | None = None,
     compiled: Callable | None = None,
     first_call_seconds: float | None = None,
+    rounds: int = 3,
 ) -> CompiledComparison:
     """Time ``fn(*args)`` eagerly and compiled, under torch.no_grad() (inference).
 
@@ -97,14 +109,15 @@ def eager_vs_compiled(
     for tiny tensors one is right (eager PyTorch would not split them anyway,
     while compiled loops may, and then wait on a busy core). ``compiled``: a function
     the caller compiled already (``torch.compile(fn)``), whose first call took
-    ``first_call_seconds``; it is measured instead of compiling again.
+    ``first_call_seconds``; it is measured instead of compiling again. The steady states are timed in ``rounds``
+    rounds in which eager and compiled take turns (``min_run_time`` split between them); compiling counts as faster
+    (and a break-even is computed) only when every compiled round beat every eager one, else it is a tie.
     """
     if compiled is not None and first_call_seconds is None:
         raise ValueError("eager_vs_compiled: with compiled=..., give first_call_seconds (the time of its first, compiling call)")
     device = pick_device(device)
     with torch.no_grad(), cpu_threads(threads if device.type == "cpu" else None):
         eager_first, reference = _first_call(fn, args, device)
-        eager_steady = timeit(fn, *args, device=device, min_run_time=min_run_time).median
         if compiled is None:
             start = time.perf_counter()
             compiled, output, label, reason = compile_or_script(fn, args, backend, mode)
@@ -112,15 +125,24 @@ def eager_vs_compiled(
             compiled_first = time.perf_counter() - start
         else:
             output, label, reason, compiled_first = compiled(*args), "torch.compile", None, first_call_seconds
-        compiled_steady = timeit(compiled, *args, device=device, min_run_time=min_run_time).median
+        eager_rounds, compiled_rounds = [], []
+        per_round = max(min_run_time / rounds, 0.01)
+        for _ in range(rounds):
+            eager_rounds.append(timeit(fn, *args, device=device, min_run_time=per_round).median)
+            compiled_rounds.append(timeit(compiled, *args, device=device, min_run_time=per_round).median)
+    eager_steady, compiled_steady = statistics.median(eager_rounds), statistics.median(compiled_rounds)
+    outcome = ("faster" if max(compiled_rounds) < min(eager_rounds) else "slower" if min(compiled_rounds) > max(eager_rounds)
+               else "a tie")
     saving = eager_steady - compiled_steady
     compile_seconds = max(compiled_first - compiled_steady, 0.0)
     eager = ExecutionMode("eager", eager_first, compile_seconds=0.0, steady_seconds=eager_steady, speedup=1.0, break_even_calls=None,
-                          max_difference=0.0)
+                          max_difference=0.0, steady_range=(min(eager_rounds), max(eager_rounds)))
     fast = ExecutionMode(label, compiled_first, compile_seconds=compile_seconds, steady_seconds=compiled_steady,
-                         speedup=eager_steady / compiled_steady, break_even_calls=compile_seconds / saving if saving > 0 else None,
-                         max_difference=_difference(reference, output))
+                         speedup=eager_steady / compiled_steady,
+                         break_even_calls=compile_seconds / saving if outcome == "faster" and saving > 0 else None,
+                         max_difference=_difference(reference, output), steady_range=(min(compiled_rounds), max(compiled_rounds)),
+                         outcome=outcome)
     program = program or getattr(fn, "__name__", type(fn).__name__)
     if threads and device.type == "cpu":
         program += f", on {threads} CPU thread{'s' if threads > 1 else ''}"
-    return CompiledComparison([eager, fast], program, reason)
+    return CompiledComparison([eager, fast], program, reason, rounds)

@@ -22,7 +22,7 @@ os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.autograd import DeviceType  # noqa: E402
-from torch.profiler import ProfilerActivity, profile  # noqa: E402
+from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
 
 from helpers.core import plots  # noqa: E402
 from helpers.core.device import DTYPES, cpu_threads, is_gpu, pick_device, synchronize  # noqa: E402
@@ -41,10 +41,12 @@ GPU_CLASSES = (TENSOR_CORE, PLAIN_MATMUL, ELEMENTWISE, COPIES, COMMUNICATION, OT
 
 CPU_GEMM = "GEMM (oneDNN / BLAS)"
 CPU_CONV = "convolution (oneDNN)"
+CPU_SLOW_CONV = "convolution, ATen fallback (no oneDNN)"
 CPU_MEMORY = "copies, fills, views, allocation"
 CPU_ATEN = "element-wise, reductions, other ops"
 CPU_FRAMEWORK = "not an aten op (autograd, optimizer, Python)"
-CPU_CLASSES = (CPU_GEMM, CPU_CONV, CPU_MEMORY, CPU_ATEN, CPU_FRAMEWORK)
+STEP_RANGE = "kernel_table.step"  # the profiler range around each profiled step: its wall time, not an op
+CPU_CLASSES = (CPU_GEMM, CPU_CONV, CPU_SLOW_CONV, CPU_MEMORY, CPU_ATEN, CPU_FRAMEWORK)
 
 # (class, pattern, why), first match wins. GPU kernel names are what cuBLAS, cuDNN, CUTLASS, PyTorch and Triton call them.
 GPU_RULES: tuple[tuple[str, str, str], ...] = (
@@ -79,7 +81,10 @@ CPU_RULES: tuple[tuple[str, str, str], ...] = (
     (CPU_GEMM, r"^aten::(?:mm|addmm|bmm|baddbmm|addbmm|matmul|mv|addmv|dot|vdot|linear|_addmm_activation|mkldnn_linear"
                r"|_mkldnn_matmul|addr)$",
      "matrix products: on a CPU these call MKL or oneDNN GEMM kernels"),
-    (CPU_CONV, r"^aten::\w*conv(?!ert)", "convolutions, forward and backward: oneDNN's (mkldnn_convolution) or the slow fallbacks"),
+    (CPU_SLOW_CONV, r"^aten::(?:_?slow_conv|thnn_conv)",
+     "ATen's own convolution loops (im2col, then a GEMM), used when oneDNN has no kernel for the dtype or shape: "
+     "_slow_conv2d_forward/_backward; oneDNN's log then shows no convolution primitive"),
+    (CPU_CONV, r"^aten::\w*conv(?!ert)", "convolutions, forward and backward: oneDNN's (mkldnn_convolution, convolution_backward)"),
     (CPU_CONV, r"^(?:de)?convolution\b", "oneDNN's log names the primitive first: convolution, whatever its implementation"),
     (CPU_GEMM, r"^(?:matmul|inner_product)\b", "oneDNN's matrix-product primitives"),
     (CPU_MEMORY, r"^aten::(?:copy_|clone|contiguous|to|_to_copy|empty|empty_like|empty_strided|zeros|zeros_like|zero_"
@@ -220,9 +225,23 @@ class KernelTable(Report):
 
     title = "Which kernels ran: time by class"
 
-    def __init__(self, rows, kernels: KernelList, onednn: OneDNNPrimitives | None, device: torch.device, label: str, notes):
+    def __init__(self, rows, kernels: KernelList, onednn: OneDNNPrimitives | None, device: torch.device, label: str, notes,
+                 step_seconds: list[float] | None = None):
         super().__init__(rows, notes)
         self.kernels, self.onednn, self.device, self.label = kernels, onednn, device, label
+        self.step_seconds = list(step_seconds or [])  # wall time of each profiled step (profiler on)
+
+    def compare_steps(self, other: "KernelTable") -> str:
+        """How this step's profiled wall time compares with ``other``'s: a ratio of the medians, judged by the ranges."""
+        mine, theirs = self.step_seconds, other.step_seconds
+        if not mine or not theirs:
+            return "no step times recorded"
+        ratio = statistics.median(mine) / statistics.median(theirs)
+        ranges = (f"{self.label} {format_seconds(min(mine))} to {format_seconds(max(mine))} a step, {other.label} "
+                  f"{format_seconds(min(theirs))} to {format_seconds(max(theirs))}")
+        verdict = ("slower in every step" if min(mine) > max(theirs) else "faster in every step" if max(mine) < min(theirs)
+                   else "a tie: the ranges overlap")
+        return f"{self.label} took {ratio:.2f}x the time of {other.label} ({ranges}): {verdict}"
 
     def table(self) -> str:
         parts = [super().table(), self.kernels.table()]
@@ -235,7 +254,7 @@ class KernelTable(Report):
     @property
     def matrix_share(self) -> float:
         """The share of time in matrix products and convolutions (every GEMM/conv class)."""
-        classes = (TENSOR_CORE, PLAIN_MATMUL) if is_gpu(self.device) else (CPU_GEMM, CPU_CONV)
+        classes = (TENSOR_CORE, PLAIN_MATMUL) if is_gpu(self.device) else (CPU_GEMM, CPU_CONV, CPU_SLOW_CONV)
         return sum(r.share for r in self.rows if r.kernel_class in classes)
 
     def conclusions(self) -> list[str]:
@@ -244,6 +263,10 @@ class KernelTable(Report):
         lines = [f"{self.label}: {self.matrix_share:.0%} of the {'kernel' if is_gpu(self.device) else 'op'} time went to "
                  f"matrix products and convolutions, {1 - self.matrix_share:.0%} to everything else"
                  + (f"; the largest single entry is {top.name[:60]} ({top.share:.0%}, {top.kernel_class})." if top else ".")]
+        slow = None if is_gpu(self.device) else self.find(kernel_class=CPU_SLOW_CONV)
+        if slow is not None and slow.seconds > 0:
+            lines.append(f"{slow.share:.0%} of it went to ATen's fallback convolutions (_slow_conv2d: im2col and a GEMM), not "
+                         "oneDNN's: for this dtype on this CPU, PyTorch chose no oneDNN convolution.")
         if is_gpu(self.device):
             tc, plain = self.find(kernel_class=TENSOR_CORE), self.find(kernel_class=PLAIN_MATMUL)
             lines.append(f"Tensor cores (by kernel name): {tc.share:.0%} of GPU time in {tc.kernels} kernels; GEMM/conv kernels "
@@ -281,7 +304,7 @@ def _robust_cpu_times(events) -> list[tuple[str, int, float]]:
     """(op, calls, seconds) per op name, the seconds being calls x the median self time of one call."""
     calls: dict[str, list[float]] = defaultdict(list)
     for event in events:
-        if event.device_type == DeviceType.CPU and not event.name.startswith("ProfilerStep"):
+        if event.device_type == DeviceType.CPU and not event.name.startswith("ProfilerStep") and event.name != STEP_RANGE:
             calls[event.name].append(event.self_cpu_time_total / 1e6)
     return [(name, len(times), len(times) * statistics.median(times)) for name, times in calls.items() if statistics.median(times) > 0]
 
@@ -314,8 +337,9 @@ def kernels_by_class(step: Callable[[], object], steps: int = 5, device: str | t
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
         with profile(activities=activities) as prof:
             for _ in range(steps):
-                step()
-            synchronize(device)
+                with record_function(STEP_RANGE):
+                    step()
+                    synchronize(device)
         log = onednn_log(step) if onednn and not gpu else None
     if gpu:
         timed = gpu_kernel_times(prof.key_averages())
@@ -338,4 +362,5 @@ def kernels_by_class(step: Callable[[], object], steps: int = 5, device: str | t
         onednn_list = OneDNNPrimitives(onednn_rows, ["one step with oneDNN's verbose log on: primitive, implementation (ISA), "
                                                      "propagation kind; times as oneDNN measured them"
                                                      + ("" if onednn_rows else "; none logged: the step used no oneDNN primitive, or this PyTorch has no oneDNN")])
-    return KernelTable(rows, listing, onednn_list, device, label, notes)
+    step_seconds = [e.time_range.elapsed_us() / 1e6 for e in prof.events() if e.name == STEP_RANGE and e.device_type == DeviceType.CPU]
+    return KernelTable(rows, listing, onednn_list, device, label, notes, step_seconds)

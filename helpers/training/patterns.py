@@ -4,6 +4,7 @@ torch.profiler run, a diagnosis that reads them, and the programs of helpers.tra
 from __future__ import annotations
 
 import bisect
+import statistics
 from dataclasses import dataclass
 from typing import Callable
 
@@ -106,32 +107,36 @@ def metrics_from_profiler(prof, device: str | torch.device | None = None) -> Pro
 def diagnose(m: ProfileMetrics) -> tuple[str, str]:
     """The profile pattern ``m`` shows, and the evidence, by three rules checked in order.
 
-    1. synchronisation bound: the host reads device results every step: on a
-       GPU, the time from each read to the next op is a noticeable share of the
-       step; on a CPU, which has no queue for a read to drain, the reads are
-       frequent (host and device take turns);
+    1. synchronisation bound: the host reads device results every step, and the
+       time from each read to the next op is a noticeable share of the step
+       (``SYNC_STALL_SHARE``). On a GPU that time is the queue draining; on a CPU,
+       which runs ops synchronously, it is the host work the reads wait for. Frequent
+       reads that cost little are reported, not diagnosed: they do not bind this step;
     2. launch bound: on a GPU, the GPU is mostly idle; on a CPU, many ops per
        step, the median one so short that dispatching it costs about as much as
        running it (the median, not the mean, so a few slow ops do not hide it);
     3. otherwise compute bound: the time is inside a few substantial ops.
     """
+    cheap_reads = ""
     if m.syncs_per_step >= 1:
         ops_per_sync = m.ops_per_step / m.syncs_per_step
         reads = f"{m.syncs_per_step:.0f} host reads of device results per step, one every {ops_per_sync:.0f} ops"
-        if m.device_busy is not None and m.sync_stall_share >= SYNC_STALL_SHARE:
-            return "synchronisation bound", f"{reads}; from each read to the next op: {m.sync_stall_share:.0%} of the step, with the GPU's queue empty"
+        if m.sync_stall_share >= SYNC_STALL_SHARE and (m.device_busy is not None or ops_per_sync <= OPS_PER_SYNC):
+            where = "with the GPU's queue empty" if m.device_busy is not None else "the host and the ops take turns"
+            return "synchronisation bound", f"{reads}; from each read to the next op: {m.sync_stall_share:.1%} of the step, {where}"
         if m.device_busy is None and ops_per_sync <= OPS_PER_SYNC:
-            return "synchronisation bound", (f"{reads}: host and device take turns. Here they cost {m.sync_stall_share:.1%} of the step "
-                                             f"(a CPU has no queue to drain); on a GPU each one empties the queue")
+            cheap_reads = (f"; its {reads} cost only {m.sync_stall_share:.1%} of the step here, under the "
+                           f"{SYNC_STALL_SHARE:.0%} that would make it synchronisation bound (a CPU runs ops synchronously: no queue "
+                           f"to drain; on a GPU each read empties the queue)")
     if m.device_busy is not None:
         if m.device_busy < GPU_BUSY_SHARE:
             return "launch bound", f"the GPU is busy {m.device_busy:.0%} of the time; {m.ops_per_step:.0f} ops per step, median {m.median_op_us:.1f} us of host time each"
         return "compute bound", f"the GPU is busy {m.device_busy:.0%} of the time; {m.top_op} takes {m.top_op_share:.0%} of op time"
     if m.median_op_us < TINY_OP_US and m.ops_per_step >= MANY_OPS:
         return "launch bound", (f"{m.ops_per_step:.0f} ops per step, median {m.median_op_us:.1f} us; {m.op_share:.0%} of the step "
-                                f"is inside ops, the rest is Python and dispatch")
+                                f"is inside ops, the rest is Python and dispatch" + cheap_reads)
     return "compute bound", (f"{m.ops_per_step:.0f} ops per step, median {m.median_op_us:,.0f} us; {m.op_share:.0%} of the step inside ops, "
-                             f"{m.top_op} {m.top_op_share:.0%} of it")
+                             f"{m.top_op} {m.top_op_share:.0%} of it" + cheap_reads)
 
 
 @dataclass
@@ -144,13 +149,46 @@ class PatternDiagnosis:
     step_seconds: float = column("step", format_seconds)
     fixed_seconds: float = column("fixed", format_seconds)
     speedup: float = column("speed-up", ".2f")
+    outcome: str = column("fix vs step")
     metrics: ProfileMetrics
+    step_range: tuple[float, float] = (0.0, 0.0)  # fastest and slowest round of the step
+    fixed_range: tuple[float, float] = (0.0, 0.0)  # the same for the fixed step
+
+
+def fix_outcome(step_times: list[float], fixed_times: list[float]) -> str:
+    """'faster' when every round of the fixed step beat every round of the step, 'slower' the other way round,
+    else 'a tie': the two ranges overlap, so the gap is inside this machine's run-to-run spread."""
+    if max(fixed_times) < min(step_times):
+        return "faster"
+    if min(fixed_times) > max(step_times):
+        return "slower"
+    return "a tie"
 
 
 class ProfilePatterns(Report):
     """Three small programs, each diagnosed from its own profile, then fixed and timed again."""
 
     title = "Profile patterns: diagnosis from the profile, and the fix measured"
+
+    def conclusions(self) -> list[str]:
+        """Per program: the diagnosis against the pattern it reproduces, and the fix's effect with both ranges."""
+        lines = []
+        for r in self.rows:
+            if r.verdict == r.expected:
+                diagnosis = f"diagnosed {r.verdict}, as expected"
+            else:
+                diagnosis = f"diagnosed {r.verdict}, not {r.expected}"
+                if r.expected == "synchronisation bound" and r.metrics.device_busy is None:
+                    diagnosis += (f" (its {r.metrics.syncs_per_step:.0f} host reads per step cost {r.metrics.sync_stall_share:.1%} of it "
+                                  f"on this CPU; on a GPU each read drains the queue, and the pattern shows)")
+            ranges = (f"step {format_seconds(r.step_range[0])} to {format_seconds(r.step_range[1])}, fixed "
+                      f"{format_seconds(r.fixed_range[0])} to {format_seconds(r.fixed_range[1])}")
+            if r.outcome == "a tie":
+                fix = f"the fix is a tie: the ranges overlap ({ranges}), so its {r.speedup:.2f}x is inside the noise"
+            else:
+                fix = f"the fixed step is {r.speedup:.2f}x as fast, {r.outcome} in every round ({ranges})"
+            lines.append(f"{r.expected}: {diagnosis}; {fix}.")
+        return lines
 
     def plot(self, ax=None):
         """Each program on the map a diagnosis reads: ops per step against the median op's duration."""
@@ -167,14 +205,26 @@ class ProfilePatterns(Report):
         return ax
 
 
+def _interleaved_medians(step: Callable, fixed: Callable, device: torch.device, rounds: int, min_run_time: float) -> tuple[list, list]:
+    """Each function's median seconds per call in ``rounds`` rounds in which the two take turns, so that a passing
+    disturbance of the machine hits both alike; the rounds' spread is the run-to-run noise."""
+    step_times, fixed_times = [], []
+    for _ in range(rounds):
+        step_times.append(timeit(step, device=device, min_run_time=min_run_time).median)
+        fixed_times.append(timeit(fixed, device=device, min_run_time=min_run_time).median)
+    return step_times, fixed_times
+
+
 def diagnose_program(program: Program, profile_steps: Callable, device: torch.device, steps: int = 5,
-                     min_run_time: float = 0.2) -> PatternDiagnosis:
-    """Profile a program with ``profile_steps(step, steps)``, diagnose it, and time it and its fix with helpers.timeit."""
+                     min_run_time: float = 0.2, rounds: int = 5) -> PatternDiagnosis:
+    """Profile a program with ``profile_steps(step, steps)``, diagnose it, and time it and its fix in ``rounds``
+    interleaved rounds of helpers.timeit (``min_run_time`` split between the rounds)."""
     metrics = metrics_from_profiler(profile_steps(program.step, steps), device)
     verdict, evidence = diagnose(metrics)
-    slow = timeit(program.step, device=device, min_run_time=min_run_time).median
-    fast = timeit(program.fixed, device=device, min_run_time=min_run_time).median
-    return PatternDiagnosis(program.name, program.expected, verdict, evidence, program.fix, slow, fast, slow / fast, metrics)
+    slow, fast = _interleaved_medians(program.step, program.fixed, device, rounds, max(min_run_time / rounds, 0.01))
+    step_seconds, fixed_seconds = statistics.median(slow), statistics.median(fast)
+    return PatternDiagnosis(program.name, program.expected, verdict, evidence, program.fix, step_seconds, fixed_seconds,
+                            step_seconds / fixed_seconds, fix_outcome(slow, fast), metrics, (min(slow), max(slow)), (min(fast), max(fast)))
 
 
 def profile_patterns(
@@ -185,6 +235,7 @@ def profile_patterns(
     compute_n: int | None = None,
     launch_samples: int = 64,
     decode_length: int = 24,
+    rounds: int = 5,
 ) -> ProfilePatterns:
     """Reproduce, profile, diagnose and fix the three patterns on ``device`` (the GPU version when there is one).
 
@@ -192,9 +243,13 @@ def profile_patterns(
     torch.profiler, ``prof.step()`` after each call, and returns the profiler.
     ``compute_n`` is the matmul size of the compute-bound program, ``launch_samples``
     the number of one-sample calls of the launch-bound one, ``decode_length`` the
-    tokens per step of the synchronisation-bound one.
+    tokens per step of the synchronisation-bound one; each program and its fix are timed in ``rounds``
+    interleaved rounds, and the fix's outcome (faster, slower, a tie) compares their ranges.
     """
     device = pick_device(device)
     notice = gpu_notice("the GPU view of the patterns (kernel time, host-device stalls)", device)
     programs = [make_compute_bound(device, compute_n), make_launch_bound(device, launch_samples), make_sync_bound(device, length=decode_length)]
-    return ProfilePatterns([diagnose_program(p, profile_steps, device, steps, min_run_time) for p in programs], notice=notice)
+    rows = [diagnose_program(p, profile_steps, device, steps, min_run_time, rounds) for p in programs]
+    note = (f"step and fixed: the median of {rounds} rounds in which the two took turns; the fix counts as faster (or slower) "
+            "only when every one of its rounds beat (or lost to) every round of the step, else it is a tie")
+    return ProfilePatterns(rows, [note], notice=notice)

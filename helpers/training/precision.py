@@ -61,7 +61,7 @@ def _known_formats() -> list[tuple[str, torch.dtype, torch.dtype | None]]:
 class NumberFormats(Report):
     """Floating-point formats side by side: bits, range and precision, all from torch.finfo."""
 
-    title = "Floating-point formats (from torch.finfo)"
+    title = "Floating-point formats (torch.finfo; tf32, no torch dtype, from its definition: fp32's exponent, fp16's mantissa)"
 
     def plot(self, ax=None):
         """Each format's range on a log2 axis: subnormals thin, normal numbers thick."""
@@ -128,7 +128,8 @@ def tensor_core_alignment(model: nn.Module, dtype: str = "fp16", recent_gpu: boo
             continue
         for dimension, size in dims.items():
             rows.append(LayerDimension(name or type(module).__name__, dimension, size, multiple, size % multiple == 0, pad_to_multiple(size, multiple)))
-    return Alignment(rows, [f"rule for {dtype}: multiples of {multiple}" + (" (A100 and later)" if recent_gpu else "")])
+    return Alignment(rows, [f"rule for {dtype}: multiples of {multiple}" + (" (A100 and later)" if recent_gpu else "")
+                            + "; NVIDIA's rule of thumb (its Matrix Multiplication Background guide), not measured here"])
 
 
 # ---------------------------------------------------------------- what autocast runs in which format

@@ -7,6 +7,7 @@ import cProfile
 import os
 import pstats
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -43,11 +44,34 @@ class PythonProfile(Report):
 
     title = "cProfile: functions by own time"
 
-    def __init__(self, rows, profiled_seconds: float, plain_seconds: float):
+    def __init__(self, rows, profiled_seconds: float, plain_seconds: float, profiled_rounds: list[float] | None = None,
+                 plain_rounds: list[float] | None = None):
         self.profiled_seconds, self.plain_seconds = profiled_seconds, plain_seconds
+        self.profiled_rounds, self.plain_rounds = profiled_rounds or [profiled_seconds], plain_rounds or [plain_seconds]
         self.overhead = profiled_seconds / plain_seconds
-        super().__init__(rows, [f"profiled run {format_seconds(profiled_seconds)}, plain run {format_seconds(plain_seconds)}: "
-                                f"cProfile's instrumentation made it {self.overhead:.2f}x slower"])
+        super().__init__(rows, [self.overhead_sentence()])
+
+    @property
+    def overhead_verdict(self) -> str:
+        """'slower' when every profiled round took longer than every plain one, 'faster' the other way round, else 'a tie'."""
+        if min(self.profiled_rounds) > max(self.plain_rounds):
+            return "slower"
+        if max(self.profiled_rounds) < min(self.plain_rounds):
+            return "faster"
+        return "a tie"
+
+    def overhead_sentence(self) -> str:
+        """cProfile's overhead, judged against the spread of the rounds in which profiled and plain runs took turns."""
+        def span(values):
+            return f"{format_seconds(min(values))} to {format_seconds(max(values))}"
+        rounds = len(self.plain_rounds)
+        head = (f"{rounds} rounds, profiled and plain in turn: profiled {span(self.profiled_rounds)}, plain {span(self.plain_rounds)}; "
+                f"median ratio {self.overhead:.2f}x")
+        if self.overhead_verdict == "slower":
+            return f"{head}: cProfile's instrumentation made the run slower in every round"
+        if self.overhead_verdict == "faster":
+            return f"{head}: the profiled runs were faster in every round, which instrumentation cannot cause: the machine's load changed"
+        return f"{head}: a tie, the ranges overlap, so cProfile's cost on this step is inside the machine's run-to-run noise"
 
     def share_of(self, fragment: str) -> float:
         """Summed own-time share of the shown functions whose name contains ``fragment``."""
@@ -61,26 +85,30 @@ def _function_label(key: tuple[str, int, str]) -> str:
     return f"{name} ({Path(filename).name}:{line})"
 
 
-def cprofile(fn: Callable, *args, repeat: int = 3, top: int = 12) -> PythonProfile:
-    """Run ``fn(*args)`` ``repeat`` times under cProfile; the ``top`` functions by own time, and cProfile's overhead."""
+def cprofile(fn: Callable, *args, repeat: int = 3, top: int = 12, rounds: int = 3) -> PythonProfile:
+    """Run ``fn(*args)`` ``repeat`` times under cProfile in each of ``rounds`` rounds, each round also timing ``repeat``
+    plain calls, the two in turn; the ``top`` functions by own time (all rounds' calls), and cProfile's overhead with
+    the rounds' spread."""
     fn(*args)  # warm-up, as for any measurement
-    start = time.perf_counter()
-    for _ in range(repeat):
-        fn(*args)
-    plain = time.perf_counter() - start
     profiler = cProfile.Profile()
-    start = time.perf_counter()
-    profiler.enable()
-    for _ in range(repeat):
-        fn(*args)
-    profiler.disable()
-    profiled = time.perf_counter() - start
+    plain_rounds, profiled_rounds = [], []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(repeat):
+            fn(*args)
+        plain_rounds.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        profiler.enable()
+        for _ in range(repeat):
+            fn(*args)
+        profiler.disable()
+        profiled_rounds.append(time.perf_counter() - start)
     stats = pstats.Stats(profiler).stats  # {(file, line, name): (primitive calls, calls, own, cumulative, callers)}
     own_total = sum(v[2] for v in stats.values()) or 1.0
     ranked = sorted(stats.items(), key=lambda kv: kv[1][2], reverse=True)
     rows = [FunctionCost(_function_label(key), calls, own, cumulative, own / own_total)
             for key, (_, calls, own, cumulative, _) in ranked if not key[2].startswith("<method 'disable'")][:top]
-    return PythonProfile(rows, profiled, plain)
+    return PythonProfile(rows, statistics.median(profiled_rounds), statistics.median(plain_rounds), profiled_rounds, plain_rounds)
 
 
 # ---------------------------------------------------------------- py-spy
