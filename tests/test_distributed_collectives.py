@@ -62,6 +62,7 @@ def test_traffic_check_counts_a_cells_all_reduce_against_its_formula():
             assert row.correct
             assert row.most_sent_by_a_rank == (row.world_size - 1) * row.message_bytes
             assert row.least_sent_by_a_rank == row.formula_per_worker == row.message_bytes
+            assert row.server_sent == row.server_formula == (row.world_size - 1) * row.message_bytes and row.server_holds
         else:  # no formula for an unknown scheme, and the wrong sum is reported as wrong
             assert not row.correct and row.formula_per_worker != row.formula_per_worker
 

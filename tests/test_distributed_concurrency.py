@@ -65,4 +65,4 @@ def test_loaders_return_every_item():
 
 def test_start_costs_list_threads_and_processes():
     costs = start_costs(include_spawn=False)
-    assert costs.rows[0].what == "thread" and len(costs.rows) == 2 and all(r.seconds > 0 for r in costs.rows)
+    assert costs.rows[0].what == "thread" and len(costs.rows) == 3 and all(r.seconds > 0 for r in costs.rows)

@@ -100,7 +100,19 @@ def test_what_each_kind_of_data_set_allows_is_found_by_trying(digits):
     assert mapped.loader_shuffle == "works" and stream.loader_shuffle == "ValueError"
     for row in (mapped, stream):
         assert row.samples == row.distinct == len(digits.labels)
-        assert row.epochs_differ and row.samples_per_second > 0
+        assert row.epochs_differ and row.samples_per_second > 0 and row.seconds <= row.slowest
+    assert styles.speed_verdict().startswith(("the stream faster", "the map-style set faster", "a tie"))
+
+
+def test_the_speed_verdict_is_a_tie_when_the_epoch_times_overlap():
+    from helpers.distributed.sharding import StyleRow, StylesReport
+
+    def report(mapped, stream):
+        return StylesReport([StyleRow("map", "1", "works", "works", 1, 1, True, *mapped, 1 / mapped[0]),
+                             StyleRow("stream", "TypeError", "x", "x", 1, 1, True, *stream, 1 / stream[0])])
+    assert report((0.100, 0.130), (0.090, 0.110)).speed_verdict().startswith("a tie")  # 10% apart at best, but the ranges overlap
+    assert report((0.100, 0.110), (0.050, 0.060)).speed_verdict().startswith("the stream faster")
+    assert report((0.050, 0.060), (0.100, 0.110)).speed_verdict().startswith("the map-style set faster")
 
 
 def test_the_checks_refuse_bad_sizes_with_a_reason(digits):

@@ -68,6 +68,11 @@ def bytes_sent_per_worker(scheme: str, message_bytes: float, workers: int) -> fl
     }[scheme]
 
 
+def server_bytes_sent(message_bytes: float, workers: int) -> float:
+    """Bytes a parameter server sends per all-reduce: the sum to each of its ``workers`` (it receives as many)."""
+    return workers * message_bytes
+
+
 def busiest_node_bytes(scheme: str, message_bytes: float, workers: int) -> float:
     """Bytes sent plus received by the most loaded node per all-reduce: it sets the pace."""
     _check(scheme, workers)
@@ -151,7 +156,7 @@ class SchemeCost:
     epoch_total: float = column("total per epoch", format_bytes)
     rounds: int = column("rounds")
     critical_path: float = column("bytes in sequence", format_bytes)
-    seconds: float | None = column("time (model)", format_seconds)
+    seconds: float | None = column("time (model)", format_seconds, optional=True)  # shown only when a link was given
     source: str
 
 
@@ -188,7 +193,8 @@ def comm_costs(message_bytes: float, workers: Sequence[int] = (2, 4, 8, 16, 32, 
         for s in schemes for n in workers
     ]
     notes = [f"K = {batches_per_worker} mini-batches per worker per epoch.",
-             "bytes in sequence: what crosses one link one message after another; where bandwidth sets the pace, the time is this x beta."]
+             "bytes in sequence: what crosses one link one message after another; where bandwidth sets the pace, the time is this x beta.",
+             "Every figure here is the model's, computed from N, M and K: counts of bytes and rounds, not measurements."]
     if link:
         notes.append(f"Times from the alpha-beta model ({link.source}): alpha = {format_seconds(link.alpha)}, "
                      f"bandwidth = {link.bandwidth / 1e9:.2f} GB/s. These are predictions, not runs.")

@@ -46,7 +46,12 @@ def _nothing() -> None:
 
 
 def start_costs(include_spawn: bool = True) -> StartCosts:
-    """Start and join one thread, one forkserver process and (optionally) one spawned process; time each."""
+    """Start and join one thread, forkserver processes and (optionally) one spawned process; time each.
+
+    A child runs its target only after importing the target's module. The forkserver rows differ in that alone:
+    ``torch.get_num_threads`` lives in torch, which the server imported before forking; this module's ``_nothing``
+    does not, so every child forked for it first imports this module and all it imports.
+    """
     def timed(start: Callable[[], None]) -> float:
         begin = time.perf_counter()
         start()
@@ -57,22 +62,27 @@ def start_costs(include_spawn: bool = True) -> StartCosts:
         t.start()
         t.join()
 
-    def process(method: str) -> Callable[[], None]:
+    def process(method: str, target: Callable[[], Any] = torch.get_num_threads) -> Callable[[], None]:
         def run() -> None:
             # the launcher never forks (see worker_context); fork is timed here with a child that touches nothing
             context = mp.get_context("fork") if method == "fork" else worker_context(method)
-            p = context.Process(target=_nothing)
+            p = context.Process(target=target)
             p.start()
             p.join()
         return run
 
     rows = [StartCost("thread", min(timed(thread) for _ in range(5)))]
+    notes = ["Each row: start, then wait for the end; the best of a few tries (spawn: one try)."]
     if "forkserver" in __import__("multiprocessing").get_all_start_methods():
         timed(process("forkserver"))  # the first call starts the server itself (it imports torch once)
         rows.append(StartCost("process (fork from a server that imported torch)", min(timed(process("forkserver")) for _ in range(3))))
+        rows.append(StartCost(f"the same, target from a module the server did not import ({__name__})",
+                              min(timed(process("forkserver", _nothing)) for _ in range(3))))
+        notes.append(f"Target: torch.get_num_threads (torch is already imported in the server); in the second forkserver row, {__name__}._nothing: "
+                     "each child first imports that module, and what it imports. Workers start fast only when their code is preloaded or sent by value.")
     if include_spawn:
         rows.append(StartCost("process (spawn: a new interpreter imports torch)", timed(process("spawn"))))
-    return StartCosts(rows, ["Each row: start, then wait for the end; the best of a few tries (spawn: one try)."])
+    return StartCosts(rows, notes)
 
 
 # ---------------------------------------------------------------- the GIL

@@ -92,10 +92,15 @@ class BucketRun:
     one_bucket_seconds: float = column("one bucket (no overlap)", format_seconds)
     compute_seconds: float = column("compute only", format_seconds)
     all_reduce_seconds: float = column("all-reduce alone", format_seconds)
-    hidden_pct: float = column("comm. hidden %", ".0f")
+    hidden_pct: float | None = column("comm. hidden %", ".0f")
     hidden_spread: str = column("hidden %, range over groups")
     hidden_low: float
     hidden_high: float
+
+    @property
+    def is_baseline(self) -> bool:
+        """One bucket: the same setup as the one-bucket baseline, so its difference from it is noise, not overlap."""
+        return self.buckets == 1
 
 
 class BucketSweep(Report):
@@ -117,10 +122,6 @@ class BucketSweep(Report):
                                        "compute only": [r.compute_seconds * 1e3 for r in self.rows]},
                                 ax, title="DDP step time by bucket cap (fastest rounds)", xlabel="bucket_cap_mb", ylabel="milliseconds per step")
         return ax
-
-
-def _median_step(step, steps: int) -> float:
-    return statistics.median(_step_times(step, steps))
 
 
 def _step_times(step, steps: int) -> list[float]:
@@ -186,6 +187,10 @@ def _bucket_worker(caps: Sequence[float], width: int, depth: int, batch: int, ro
         low, high = min(hidden), max(hidden)
         runs.append(BucketRun(cap, per_step, max(b for _, b in log.events), first_pct, min(times[cap]), min(times[ONE_BUCKET]),
                               min(times["compute"]), comm, statistics.median(hidden), f"{round(low)} to {round(high)}", low, high))
+    for run in runs:
+        if run.is_baseline:  # the baseline's own setup: nothing can hide, so how far it fell from the baseline is noise too
+            noise = max(noise, abs(run.hidden_low), abs(run.hidden_high))
+            run.hidden_pct, run.hidden_spread = None, f"one bucket: noise, {round(run.hidden_low)} to {round(run.hidden_high)}"
     return runs, noise
 
 
@@ -209,7 +214,8 @@ def bucket_sweep(caps_mb: Sequence[float] = (1, 2, 4, 25), world_size: int = 2, 
         "alone) this cap saved: one-bucket step - this step, over it. One bucket is DDP with nothing to overlap: its all-reduce "
         f"starts when backward ends. From the fastest round of each of {GROUPS} groups of rounds (every third round): the median "
         "and the range over the groups.",
-        f"Noise: a second, identical one-bucket DDP differed from the first by up to {noise:.0f}%, on the same scale.",
+        f"Noise: {noise:.0f}%, on the same scale: the most that a second, identical one-bucket DDP, or a cap that also made one bucket "
+        "(the baseline's setup), fell from the one-bucket step in any group.",
     ]
     return BucketSweep(runs, notes, noise, other)
 
@@ -222,12 +228,28 @@ class AccumulationRun:
     method: str = column("method")
     all_reduces_per_update: int = column("all-reduces per update")
     bytes_per_update: int = column("bytes all-reduced per update", format_bytes)
-    seconds_per_update: float = column("time per update", format_seconds)
+    seconds_per_update: float = column("time per update, fastest", format_seconds)
+    slowest_update: float = column("slowest", format_seconds)
     same_gradients: bool = column("same gradients as one big batch")
+    group_fastest: list[float] | None = None
 
 
 class AccumulationDemo(Report):
     title = "Gradient accumulation over micro-batches: with and without no_sync()"
+
+    def verdict(self) -> str:
+        """no_sync() against every micro-batch: faster only where it won in every group of rounds by more than two identical
+        groups of the same way ever differed (the noise); else a tie."""
+        every, no_sync = self.rows
+        wins = [e - n for e, n in zip(every.group_fastest, no_sync.group_fastest)]
+        noise = max(max(r.group_fastest) - min(r.group_fastest) for r in self.rows)
+        if min(wins) > noise:
+            return (f"no_sync() was faster in every group of rounds, by {format_seconds(min(wins))} to {format_seconds(max(wins))} per update "
+                    f"(noise: {format_seconds(noise)}), {every.seconds_per_update / no_sync.seconds_per_update:.1f}x fastest against fastest")
+        if max(wins) < -noise:
+            return f"no_sync() was slower in every group of rounds, by more than the noise ({format_seconds(noise)})"
+        return (f"a tie: the gap per update ranged {format_seconds(min(wins))} to {format_seconds(max(wins))} over the groups, "
+                f"against a noise of {format_seconds(noise)}")
 
 
 def _accumulation_worker(accumulate: Callable, micro_batches: int, width: int, depth: int, batch: int, repeats: int) -> list[AccumulationRun]:
@@ -245,16 +267,20 @@ def _accumulation_worker(accumulate: Callable, micro_batches: int, width: int, d
         dist.all_reduce(g)
         g /= world
 
-    runs = []
-    for name, no_sync in (("all-reduce every micro-batch", False), ("no_sync() until the last micro-batch", True)):
-        accumulate(ddp, batches, no_sync)  # warm-up
+    ways = {"all-reduce every micro-batch": False, "no_sync() until the last micro-batch": True}
+    counted = {}
+    for name, no_sync in ways.items():
+        accumulate(ddp, batches, no_sync)  # warm-up (and DDP rebuilds its buckets after its first step)
         log.clear()
         accumulate(ddp, batches, no_sync)
         same = all(torch.allclose(p.grad, e, rtol=1e-4, atol=1e-6) for p, e in zip(ddp.parameters(), expected))
-        calls, sent = len(log.events), sum(b for _, b in log.events)
-        seconds = _median_step(lambda: accumulate(ddp, batches, no_sync), repeats)
-        runs.append(AccumulationRun(name, calls, sent, seconds, same))
-    return runs
+        counted[name] = (len(log.events), sum(b for _, b in log.events), same)
+    times: dict = {name: [] for name in ways}
+    for _ in range(repeats * GROUPS):  # the two ways take turns, every round
+        for name, no_sync in ways.items():
+            times[name] += _step_times(lambda no_sync=no_sync: accumulate(ddp, batches, no_sync), 1)
+    return [AccumulationRun(name, *counted[name][:2], min(times[name]), max(times[name]), counted[name][2], group_fastest(times[name]))
+            for name in ways]
 
 
 def accumulation_demo(accumulate: Callable, micro_batches: int = 4, world_size: int = 2, width: int = 512, depth: int = 8, batch: int = 16,
@@ -265,7 +291,14 @@ def accumulation_demo(accumulate: Callable, micro_batches: int = 4, world_size: 
     of the whole batch at once.
     """
     runs = timed_launch(_accumulation_worker, world_size, args=(accumulate, micro_batches, width, depth, batch, repeats), timeout=timeout, echo=False)[0]
-    return AccumulationDemo(runs, [f"{world_size} workers, {micro_batches} micro-batches of {batch} per update."])
+    first_cap = dist._DEFAULT_FIRST_BUCKET_BYTES
+    return AccumulationDemo(runs, [f"{world_size} workers, {micro_batches} micro-batches of {batch} per update; DDP with bucket_cap_mb left unset: "
+                                   f"buckets of 25 MB, but the first capped at {format_bytes(first_cap)} (dist._DEFAULT_FIRST_BUCKET_BYTES), "
+                                   f"which DDP applies only when bucket_cap_mb is not given: so {runs[1].all_reduces_per_update} all-reduces "
+                                   f"per backward here, where an explicit bucket_cap_mb=25 puts a gradient under 25 MB in one bucket.",
+                                   "all-reduces: DDP's calls counted by a communication hook in one update, after DDP rebuilt its buckets.",
+                                   f"time: rank 0's fastest and slowest of {repeats * GROUPS} updates per way, the two ways taking turns; "
+                                   f"verdict() compares the fastest of each of {GROUPS} groups of them."])
 
 
 # ---------------------------------------------------------------- scaling, measured and modelled
@@ -274,7 +307,7 @@ def accumulation_demo(accumulate: Callable, micro_batches: int = 4, world_size: 
 @dataclass
 class ScalingPoint:
     workers: int = column("N")
-    measured_compute: float | None = column("compute, CPU time", format_seconds)
+    measured_compute: float | None = column("compute only (fastest)", format_seconds)
     measured_step: float | None = column("step (measured)", format_seconds)
     step_spread: str = column("step, fastest per group")
     measured_speedup: float | None = column("speedup (measured)", ".2f")
@@ -328,7 +361,7 @@ def _model_point(workers: int, base_compute: float, grads: int, link: Link | Non
 
 
 def _scaling_worker(global_batch: int, steps: int) -> tuple[list[float], float]:
-    """This worker's wall-clock seconds of every DDP step, and the least CPU seconds of a step without communication."""
+    """This worker's wall-clock seconds of every DDP step, and of the fastest step without communication (taking turns with them)."""
     world, rank = dist.get_world_size(), dist.get_rank()
     torch.manual_seed(0)
     ddp = DistributedDataParallel(LeNet())
@@ -350,11 +383,9 @@ def _scaling_worker(global_batch: int, steps: int) -> tuple[list[float], float]:
     for _ in range(2):
         step()
     steps_taken, computed = [], []
-    for _ in range(steps):  # a step and a step without communication take turns
+    for _ in range(steps):  # a step and a step without communication take turns, timed alike: other programs only add time to either
         steps_taken += _step_times(step, 1)
-        start = time.process_time()  # CPU time: what the compute costs a core, however long other programs kept it waiting
-        compute_only()
-        computed.append(time.process_time() - start)
+        computed += _step_times(compute_only, 1)
     return steps_taken, min(computed)
 
 
@@ -362,8 +393,8 @@ def scaling(world_sizes: Sequence[int] = (1, 2, 4), global_batch: int = 256, ste
             model_workers: Sequence[int] = (), timeout: float = 300) -> Scaling:
     """Measure LeNet training steps at each N here, with the model beside each (and at ``model_workers``, unmeasured).
 
-    The model assumes one device per worker, each as fast as the measured single worker (the CPU time of its step
-    without communication calibrates it: other programs cannot inflate it), and the alpha-beta ``link``: compute
+    The model assumes one device per worker, each as fast as the measured single worker (its fastest step without
+    communication, wall-clock like the steps it is compared with), and the alpha-beta ``link``: compute
     shrinks as 1/N, the ring's latency-bound rounds grow with N. Measured runs use one thread per worker on this
     machine's cores; a measured step is wall-clock time, the fastest of ``steps``.
     """
@@ -373,7 +404,7 @@ def scaling(world_sizes: Sequence[int] = (1, 2, 4), global_batch: int = 256, ste
         measured[n], other = launch_beside_load(_scaling_worker, n, args=(global_batch, steps), threads=1, timeout=timeout, echo=False)
         measured[n], busy = measured[n][0], max(busy, other)
     smallest = min(measured)
-    base_compute = measured[smallest][1] * smallest  # one worker's compute for the whole global batch, in CPU time
+    base_compute = measured[smallest][1] * smallest  # one worker's compute for the whole global batch: its fastest step without communication
     base_step = min(measured[1][0]) if 1 in measured else None
     rows = []
     for n, (steps_taken, compute) in measured.items():
@@ -386,7 +417,8 @@ def scaling(world_sizes: Sequence[int] = (1, 2, 4), global_batch: int = 256, ste
              f"{steps} steps (other programs only add time; the model describes an undisturbed machine), and of each of {GROUPS} groups of them beside.",
              f"Measured: N processes with one thread each (one core per worker, as one GPU per worker) on this machine's "
              f"{available_cores()} cores; beyond {available_cores()} workers they share cores.",
-             "Model: compute = the one-worker compute's CPU time / N (one device per worker), all-reduce = ring alpha-beta "
+             "compute only: the fastest step under no_sync() (no all-reduce), taking turns with the DDP steps.",
+             "Model: compute = the one-worker compute-only time / N (one device per worker), all-reduce = ring alpha-beta "
              + (f"({link.source})." if link else "(no link given: zero)."),
              "measured / model: the model's error at each measured N (1.00: exact)."]
     report = Scaling(rows, notes, base_compute=base_compute, gradient_bytes=grads, link=link, other_cores=busy)

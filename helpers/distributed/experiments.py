@@ -34,6 +34,7 @@ from helpers.distributed.comm_models import (  # noqa: F401  (re-exported)
     comm_costs,
     fit_link,
     model_error,
+    server_bytes_sent,
     within,
 )
 
@@ -66,7 +67,14 @@ class TrafficRow:
     least_sent_by_a_rank: int = column("min sent by a rank", ",d")
     formula_per_worker: float = column("formula", ",.0f")
     peers_of_rank_0: str = column("rank 0 sends to")
+    server_sent: int | None = column("sent by the server (rank 0)", ",d", optional=True)
+    server_formula: float | None = column("server's formula", ",.0f", optional=True)
     correct: bool = column("result == dist.all_reduce")
+
+    @property
+    def server_holds(self) -> bool | None:
+        """For a parameter server: whether rank 0, the server, sent what its formula says; None for other schemes."""
+        return None if self.server_formula is None else self.server_sent == self.server_formula
 
 
 class TrafficCheck(Report):
@@ -103,11 +111,15 @@ def traffic_check(all_reduces: AllReduces, world_sizes: Sequence[int] = (2, 3, 4
         for name in all_reduces:
             sent = [r[name][0] for r in per_rank]
             formula = bytes_sent_per_worker(name, message, _workers_of(name, world)) if name in SCHEMES else float("nan")
+            server = name == "parameter server"
             rows.append(TrafficRow(name, world, message, max(sent), min(sent), formula, ", ".join(map(str, per_rank[0][name][1])) or "nobody",
-                                   all(r[name][2] for r in per_rank)))
+                                   server_sent=sent[0] if server else None,
+                                   server_formula=server_bytes_sent(message, _workers_of(name, world)) if server else None,
+                                   correct=all(r[name][2] for r in per_rank)))
     notes = ["formula: the bytes one worker sends in the scheme's cost model (helpers.distributed.comm_models)."]
     if "parameter server" in all_reduces:
-        notes.append("Parameter server: rank 0 is the server (it sends the sum to all N-1 workers); the formula is a worker's share.")
+        notes.append("Parameter server: rank 0 is the server and also a worker, so N ranks make N-1 workers beside it. formula: a worker's "
+                     "share, M; server's formula: (N-1) x M, the sum sent to each of the N-1 others (it receives as much).")
     return TrafficCheck(rows, notes)
 
 
@@ -174,6 +186,8 @@ class AllReduceSweep(Report):
         super().__init__(rows, notes)
         self.link = link
 
+    floors: dict[int, float] = {}  # {N: fastest round of one empty dist.barrier(), timed like every row}
+
     def model_errors(self, implementation: str) -> dict[int, dict[int, float]]:
         """``{N: {message bytes: fastest / model}}`` for one implementation: the model's error at every measured point."""
         errors: dict[int, dict[int, float]] = {}
@@ -228,8 +242,19 @@ def collective_rounds(fn: Callable[[torch.Tensor], torch.Tensor], numel: int, re
     return times
 
 
+def _barrier(tensor: torch.Tensor) -> torch.Tensor:
+    """A collective that moves no data: timed like the all-reduces, it measures what the timing itself costs."""
+    dist.barrier()
+    return tensor
+
+
+FLOOR = "timing floor"
+
+
 def _sweep(all_reduces: AllReduces, numels: Sequence[int], repeats: int) -> dict:
-    return {(name, n): collective_rounds(fn, n, repeats) for name, fn in all_reduces.items() for n in numels}
+    times = {(name, n): collective_rounds(fn, n, repeats) for name, fn in all_reduces.items() for n in numels}
+    times[(FLOOR, 1)] = collective_rounds(_barrier, 1, repeats)
+    return times
 
 
 def all_reduce_sweep(
@@ -245,9 +270,10 @@ def all_reduce_sweep(
         raise ValueError("pass the all-reduces to time as {scheme: function}, e.g. {'butterfly': butterfly_all_reduce}")
     timed = {**all_reduces, LIBRARY: torch_all_reduce}
     numels = [max(1, int(b) // FLOAT_BYTES) for b in sizes_bytes]
-    rows = []
+    rows, floors = [], {}
     for world in world_sizes:
         times = timed_launch(_sweep, world, args=(timed, numels, repeats), timeout=timeout, echo=False)[0]
+        floors[world] = min(times[(FLOOR, 1)])
         for name in timed:
             for n in numels:
                 message, rounds = n * FLOAT_BYTES, times[(name, n)]
@@ -258,10 +284,15 @@ def all_reduce_sweep(
                 rows.append(AllReducePoint(name, world, message, min(rounds), median, max(rounds), model, error, bus))
     notes = [f"{repeats} timed rounds per row after a warm-up, each the slowest rank's time; the spread runs from the fastest to the slowest.",
              "fastest / model: the model's error. The model describes an undisturbed link, so it is compared with the fastest round.",
-             "bus GB/s = 2(N-1)/N x message / median time: the per-link rate a ring needs; compare it across N."]
+             "bus GB/s = 2(N-1)/N x message / median time: the per-link rate a ring needs; compare it across N.",
+             "Timing floor, the fastest round of a dist.barrier() (no data) timed the same way: "
+             + ", ".join(f"{format_seconds(f)} at N = {n}" for n, f in floors.items())
+             + ". Every round pays it (the ranks leave the starting barrier at different moments, and each must be woken); the link model has no such term."]
     cores = available_cores()
     if max(world_sizes) > cores:
         notes.append(f"Only {cores} CPU cores here: at N > {cores} the workers take turns on the cores, which the model does not know about.")
     if link:
         notes.append(f"Model: {link.source}.")
-    return AllReduceSweep(rows, link, notes)
+    sweep = AllReduceSweep(rows, link, notes)
+    sweep.floors = floors
+    return sweep
