@@ -182,3 +182,18 @@ def test_the_context_is_measured_only_where_no_other_process_shares_the_gpu(monk
         assert size == in_use_mib * 2**20 and basis.startswith("measured on a shared GPU")
     else:
         assert size == alexnet.ASSUMED_CONTEXT_BYTES and "other processes share this GPU" in basis and "7.68 GiB" in basis
+
+
+def test_one_card_verdict_says_when_it_rests_on_the_estimates():
+    # tensors at 78% of the card, over it only with the (upper-bound, assumed) estimates: never a plain "no"
+    from helpers.hardware.alexnet import CardRow, Overhead, _one_card_verdict, _row
+
+    gib = 2**30
+    estimates = [Overhead("cuda context", 300 * 2**20, "assumed: PyTorch 2 with CUDA 12"), Overhead("convolution workspace", gib // 2, "upper bound")]
+    one = _row("one GPU, whole network", 128, int(2.35 * gib), estimates, 3 * gib)
+    assert one.fits == "not with estimates"
+    verdict = _one_card_verdict(one, estimates)
+    assert "only the non-tensor estimates" in verdict and "Krizhevsky" in verdict and "(fits)" in verdict
+    assert _row("x", 1, 4 * gib, [], 3 * gib).fits == "no"
+    assert _row("x", 1, 1 * gib, estimates, 3 * gib).fits == "yes"
+    assert "whatever the estimates" in _one_card_verdict(CardRow("x", 1, 4 * gib, 0, 4 * gib, 3 * gib, -gib, "no"), [])

@@ -106,6 +106,7 @@ def test_starvation_sweep_quick():
     pinning = (False, True) if torch.cuda.is_available() else (False,)
     assert [(p.num_workers, p.pin_memory) for p in sweep.rows] == [(w, pin) for pin in pinning for w in (0, 2)]
     assert [p.steps for p in sweep.rows] == [4, 8] * len(pinning)  # at least 4 steps per worker
+    assert any("4 asked for, and 8 with 2 workers" in note for note in sweep.notes)  # the table's longer run is explained
     assert all(0 <= p.waiting_share <= 1 and p.samples_per_s > 0 and p.startup_s > 0 for p in sweep.rows)
     nw0 = sweep.find(num_workers=0, pin_memory=False)
     assert nw0.waiting_s >= 4 * 16 * 0.002  # no workers: the loop itself waits out every sample's storage delay

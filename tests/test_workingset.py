@@ -80,3 +80,21 @@ def test_page_faults_are_counted_for_fresh_memory():
 def test_a_model_without_a_hidden_size_is_explained():
     with pytest.raises(TypeError, match="does not take a hidden size"):
         estimate_training_for(LeNet, hidden_sizes=(8,), progress=False)
+
+
+def test_working_set_steps_are_judged_at_each_boundary_against_the_noise():
+    # the audited run: time per parameter fell across L3 -> RAM and rose only where fresh pages began; no boundary "rose"
+    from helpers.hardware.workingset import MemoryLevel, SizePoint, WorkingSetSweep
+
+    sizes = ((256, 1.58, "L3", 4.08, 0), (1024, 6.27, "L3", 2.48, 0), (4096, 24.99, "L3", 4.84, 0),
+             (8192, 49.96, "RAM", 4.41, 0), (12288, 74.93, "RAM", 7.25, 9409), (16384, 99.9, "RAM", 7.84, 12545))
+    rows = [SizePoint(h, 1000, int(mib * 2**20), fits, 0.01, ns, faults, 1.0, 1.0, {}, 1.1) for h, mib, fits, ns, faults in sizes]
+    levels = [MemoryLevel("L3", 32 * 2**20), MemoryLevel("RAM", 2**34)]
+    sweep = WorkingSetSweep(rows, model_name="m", levels=levels, device=torch.device("cpu"), epochs=1, batch_size=8,
+                            steps_per_epoch=10, threads=1)
+    assert [verdict for *_, verdict in sweep.steps()] == ["fell", "rose", "tie", "rose", "tie"]
+    verdict = sweep.notes[-2]
+    assert verdict.startswith("No level boundary raised the time per parameter") and "fresh pages" in verdict
+    rows[3].ns_per_parameter = 9.0  # a clear rise across L3 -> RAM is read as one
+    assert "outgrew L3 (hidden 4,096 -> 8,192)" in WorkingSetSweep(rows, model_name="m", levels=levels, device=torch.device("cpu"), epochs=1,
+                                                                   batch_size=8, steps_per_epoch=10, threads=1).notes[-2]

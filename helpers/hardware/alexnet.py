@@ -220,7 +220,8 @@ class _Estimates:
 def _row(configuration: str, batch: int, tensors: int, overheads: list[Overhead], card_bytes: int) -> CardRow:
     extra = sum(o.bytes for o in overheads)
     total = tensors + extra
-    return CardRow(configuration, batch, tensors, extra, total, card_bytes, card_bytes - total, "yes" if total <= card_bytes else "no")
+    fits = "yes" if total <= card_bytes else "not with estimates" if tensors <= card_bytes else "no"  # the estimates can decide it
+    return CardRow(configuration, batch, tensors, extra, total, card_bytes, card_bytes - total, fits)
 
 
 def profile_layer_alexnet(
@@ -302,6 +303,7 @@ def _notes(rows: list[CardRow], overheads: dict[str, list[Overhead]], has_split:
     one = rows[0]
     notes = [f"One {card.name}: {format_bytes(one.tensors)} of tensors at batch {one.batch}, {100 * one.tensors / one.card:.0f}% of the card; "
              f"with the non-tensor estimates {format_bytes(one.total)} ({100 * one.total / one.card:.0f}%)."]
+    notes.append(_one_card_verdict(one, overheads["one GPU"]))
     if has_split:
         cards = [r for r in rows if r.configuration.startswith("two GPUs")]
         notes.append("After the split the cards hold " + " and ".join(format_bytes(r.tensors) for r in cards) + " of tensors; "
@@ -311,3 +313,23 @@ def _notes(rows: list[CardRow], overheads: dict[str, list[Overhead]], has_split:
     notes += [f"{o.name}: {format_bytes(o.bytes)}, {o.basis}." for o in overheads["one GPU"]]
     notes.append(f"Card memory: {card.memory_gb:g} GB on the box means {card.memory_gb:g} GiB ({int(card.memory_gb * 1024):,} MiB).")
     return notes
+
+
+def _one_card_verdict(one: CardRow, overheads: list[Overhead]) -> str:
+    """Whether one card holds the step, and how much of that rests on the non-tensor estimates rather than the tensors."""
+    if one.tensors > one.card:
+        return "Verdict: the tensors alone exceed one card, so the step does not fit on it, whatever the estimates."
+    if one.total <= one.card:
+        return "Verdict: the step fits one card, even with every non-tensor estimate added."
+    by_name = {o.name: o for o in overheads}
+    workspace = by_name.get("convolution workspace")
+    without = one.total - (workspace.bytes if workspace else 0)
+    context = by_name.get("cuda context")
+    assumed_context = context is not None and context.basis.startswith("assumed")
+    return ("Verdict: the tensors fit one card; only the non-tensor estimates push the step over, so 'does not fit' holds only if "
+            "they do. "
+            + (f"The workspace ({format_bytes(workspace.bytes)}) is an upper bound; at zero, the step takes {format_bytes(without)} "
+               f"({'fits' if without <= one.card else 'still does not fit'}). " if workspace else "")
+            + ("The CUDA context is assumed for PyTorch 2 with CUDA 12, not the 2012 software's. " if assumed_context else "")
+            + "These figures model today's PyTorch, not the authors' 2012 code, whose buffers they do not reproduce; the "
+            "authors write that the network was too big for one GTX 580 (Krizhevsky, Sutskever and Hinton, NIPS 2012, section 3.2).")

@@ -12,6 +12,7 @@ from helpers.core.device import pick_device
 from helpers.core.report import Report, column, format_seconds
 from helpers.core.timing import time_interleaved
 
+NOTICEABLE = 1.15  # a ratio closer to 1 than this is a tie on a busy machine (as helpers.hardware.kernels)
 NOISY = 1.5  # a median round this many times the fastest: the machine was shared, the curve is not the device's
 
 
@@ -35,31 +36,64 @@ class BatchThroughput(Report):
         self.device = device
 
     def noise(self, too_noisy: float | None = None) -> str | None:
-        """A sentence when the rounds of one batch size were too far apart to read a trend from (spread measured in this run)."""
+        """A sentence when the rounds of one batch size were far apart (spread measured in this run), else None."""
         too_noisy = too_noisy or NOISY
         worst = max(self.rows, key=lambda r: r.spread, default=None)
         if worst is None or worst.spread <= too_noisy:
             return None
-        return (f"These timings are too noisy to read a trend from: at batch {worst.batch:,} the median round took {worst.spread:.1f}x "
-                f"the fastest (over {too_noisy}x means other work shared the machine). Run the cell again on a quiet machine.")
+        return (f"Other work shared the machine: at batch {worst.batch:,} the median round took {worst.spread:.1f}x the fastest "
+                f"(over {too_noisy}x). Each step below is judged against the "
+                "spread of its own rounds.")
 
-    def reading(self, full_gain: float = 1.2) -> str:
-        """Whether samples/s still rose over the last step of batch sizes (more than ``full_gain`` times), read from the rows."""
+    def steps(self, noticeable: float = NOTICEABLE) -> list[tuple[BatchPoint, BatchPoint, float, str]]:
+        """(smaller batch, next batch, gain in samples/s, verdict) for each step of batch sizes.
+
+        A step "rose" when the larger batch's median round beat the smaller batch's fastest one (the gain exceeds the
+        larger batch's spread) and the gain clears ``noticeable``; it "fell" the other way round; else it is a "tie".
+        """
+        found = []
+        for before, after in zip(self.rows, self.rows[1:]):
+            gain = after.samples_per_second / before.samples_per_second
+            if gain > max(after.spread, noticeable):
+                verdict = "rose"
+            elif 1 / gain > max(before.spread, noticeable):
+                verdict = "fell"
+            else:
+                verdict = "tie"
+            found.append((before, after, gain, verdict))
+        return found
+
+    def reading(self, noticeable: float = NOTICEABLE) -> str:
+        """A verdict for every step of batch sizes (rose, fell, or a tie within the rounds' spread), and where samples/s stopped rising."""
         if len(self.rows) < 2:
             return "One batch size only: time more to see the curve."
-        if self.noise():
-            return self.noise()
-        first, before, last = self.rows[0], self.rows[-2], self.rows[-1]
-        rise = f"Samples/s went from {first.samples_per_second:,.0f} at batch {first.batch:,} to {last.samples_per_second:,.0f} at {last.batch:,}"
-        gain = last.samples_per_second / before.samples_per_second
-        if gain > full_gain:
-            return (f"{rise}, and still rose {gain:.1f}x over the last step (batch {before.batch:,} to {last.batch:,}): {self.device} "
-                    "had idle lanes left at every size timed; larger batches (batch_sizes in the parameters cell) would find where it fills.")
-        if gain >= 1 / full_gain:
-            return (f"{rise}; over the last step (batch {before.batch:,} to {last.batch:,}) only {gain:.2f}x: {self.device} was full, "
-                    "and a bigger batch only makes each step longer.")
-        return (f"{rise}, but fell over the last step (batch {before.batch:,} to {last.batch:,}: {gain:.2f}x): past full, the larger "
-                "batch's activations outgrow a cache, or other programs disturbed the timing; run it again to tell which.")
+        lines = [f"Each step of batch sizes against its noise bound (the median / fastest round of the batch that would have "
+                 f"to be faster, at least {noticeable:.2f}x):"]
+        for before, after, gain, verdict in self.steps(noticeable):
+            spread = max(after.spread if gain >= 1 else before.spread, noticeable)  # the bound the verdict was judged by
+            said = {"rose": f"rose {gain:.2f}x, beyond its noise bound ({spread:.2f}x)",
+                    "fell": f"fell to {gain:.2f}x, beyond its noise bound ({spread:.2f}x)",
+                    "tie": f"{gain:.2f}x, within its noise bound ({spread:.2f}x): a tie"}[verdict]
+            lines.append(f"  batch {before.batch:>6,} -> {after.batch:>6,}: samples/s {said}")
+        verdicts = [verdict for *_, verdict in self.steps(noticeable)]
+        rows = self.rows
+        if all(v == "rose" for v in verdicts):
+            end = (f"Samples/s rose clearly at every step, from {rows[0].samples_per_second:,.0f} to {rows[-1].samples_per_second:,.0f}: "
+                   f"{self.device} had idle lanes left at every size timed; larger batches (batch_sizes in the parameters cell) would "
+                   "find where it fills.")
+        elif verdicts[-1] == "rose":
+            end = (f"Samples/s still rose clearly over the last step: {self.device} was not full at batch {rows[-1].batch:,}; "
+                   "larger batches would find where it fills.")
+        else:
+            last_rise = max((i for i, v in enumerate(verdicts) if v == "rose"), default=None)
+            full_at = rows[last_rise + 1] if last_rise is not None else rows[0]
+            after_full = set(verdicts[(last_rise + 1) if last_rise is not None else 0:])
+            how = "did not rise beyond the noise" if after_full == {"tie"} else "did not rise, and fell at some step"
+            end = (f"Samples/s rose clearly up to batch {full_at.batch:,} ({full_at.samples_per_second:,.0f}/s, "
+                   f"{full_at.samples_per_second / rows[0].samples_per_second:.1f}x batch {rows[0].batch:,}) and {how} after it: "
+                   f"{self.device} was full from there, and a bigger batch only made each step longer.")
+        noise = self.noise()
+        return "\n".join(([noise] if noise else []) + [*lines, end])
 
     def plot(self, ax=None):
         series = {str(self.device): ([r.batch for r in self.rows], [r.samples_per_second for r in self.rows])}

@@ -15,8 +15,8 @@ kernels are checked by ``triton_check()`` in Triton's interpreter (never timed).
 from __future__ import annotations
 
 import json
-import math
 import os
+import statistics
 import subprocess
 import sys
 import types
@@ -269,13 +269,16 @@ class KernelPoint:
     max_error: float = column("max |error| vs torch", ".1e")
     b_fits_in: str = column("B fits in")
     b_bytes: int = 0
+    spread: float = 1.0  # median block over the fastest block, across all rounds: how much other work disturbed the timing
 
 
 class KernelTimings(Report):
     """Seconds and GFLOP/s of each kernel at each size (m x n times n x n), against the library."""
 
-    def __init__(self, rows: Sequence[KernelPoint], device: torch.device, library: str, threads: int | None, notes: Sequence[str], naive_up_to: int | None):
+    def __init__(self, rows: Sequence[KernelPoint], device: torch.device, library: str, threads: int | None, notes: Sequence[str], naive_up_to: int | None,
+                 same_loop_at: Sequence[int] = ()):
         self.device, self.library, self.threads, self.naive_up_to = device, library, threads, naive_up_to
+        self.same_loop_at = sorted(set(same_loop_at))  # sizes where the blocked kernel runs exactly the reordered loop
         where = torch.cuda.get_device_name(device) if is_gpu(device) else f"CPU, {threads} thread{'s' if threads != 1 else ''}" if threads else "not run: no GPU"
         self.title = f"Matrix-product kernels against {library} ({where})"
         super().__init__(rows, notes)
@@ -306,16 +309,40 @@ class KernelTimings(Report):
             ratio = self.speedup(faster, slower, n)
             fits = self.find(kernel=faster, n=n).b_fits_in
             out.append(f"At n={n:,} (B: {format_bytes(self.find(kernel=faster, n=n).b_bytes)}, fits in {fits}): {_compare(faster, slower, ratio)}.")
-        blocked_gain = [(r.n, self.speedup("blocked", "reordered", r.n)) for r in self.rows if r.kernel == "blocked"]
-        verdicts = {
-            "paid off": [n for n, g in blocked_gain if g and g >= NOTICEABLE],
-            "made no clear difference": [n for n, g in blocked_gain if g and 1 / NOTICEABLE < g < NOTICEABLE],
-            "cost time": [n for n, g in blocked_gain if g and g <= 1 / NOTICEABLE],
-        }
+        verdicts = {"paid off": [], "made no clear difference": [], "cost time": []}
+        same = []
+        for n in sorted({r.n for r in self.rows if r.kernel == "blocked"}):
+            verdict = self.blocking_verdict(n)
+            if verdict is None:
+                continue
+            if n in self.same_loop_at:
+                same.append(f"n = {n:,} ({self.speedup('blocked', 'reordered', n):.2f}x)")
+            else:
+                verdicts[verdict].append(n)
         found = [f"{verdict} at n = {', '.join(f'{n:,}' for n in sizes)}" for verdict, sizes in verdicts.items() if sizes]
         if found:
-            out.append("Blocking, against the reordered loop: " + "; ".join(found) + ".")
+            out.append("Blocking, against the reordered loop (a change counts where it exceeds both the kit's "
+                       f"{NOTICEABLE - 1:.0%} and the spread of the loop's own blocks): " + "; ".join(found) + ".")
+        if same:
+            out.append("At " + ", ".join(same) + " one panel holds all of B, so the blocked kernel ran exactly the reordered "
+                       "loop: any gap there is timing noise, not blocking.")
         return out
+
+    def blocking_verdict(self, n: int) -> str | None:
+        """"paid off", "cost time" or "made no clear difference": blocked against reordered at n, judged against the noise.
+
+        A gain counts where it exceeds NOTICEABLE and the spread of the faster kernel's blocks (its median block still
+        beat the other's fastest); None where either kernel did not run at n.
+        """
+        gain = self.speedup("blocked", "reordered", n)
+        if gain is None:
+            return None
+        blocked, reordered = self.find(kernel="blocked", n=n), self.find(kernel="reordered", n=n)
+        if gain > max(NOTICEABLE, blocked.spread):
+            return "paid off"
+        if 1 / gain > max(NOTICEABLE, reordered.spread):
+            return "cost time"
+        return "made no clear difference"
 
     def plot(self, ax=None):
         ax = plots.new_axes(ax, title=self.title, xlabel="matrix size n (log scale)", ylabel="GFLOP/s (log scale)", logx=True, logy=True)
@@ -350,11 +377,13 @@ def _fits_in(nbytes: int, device: torch.device) -> str:
 
 def matmul_kernels(sizes: Sequence[int], device: str | torch.device | None = None, rows: int | None = None, naive_up_to: int | None = None,
                    min_run_time: float = 0.1, dtype: torch.dtype = torch.float32, rounds: int = 3,
-                   kernels: dict[str, Callable] | None = None) -> KernelTimings:
+                   kernels: dict[str, Callable] | None = None, same_loop_at: Sequence[int] | None = None) -> KernelTimings:
     """Time each kernel on (m x n) @ (n x n) for each n in ``sizes`` against torch.matmul, and check each result.
 
     ``kernels``: name -> function(a, b) returning a @ b, the kernels a notebook wrote; None:
     the kit's own (the Triton pair on a GPU, the three numba loops on a CPU).
+    ``same_loop_at``: the sizes at which the "blocked" kernel runs exactly the reordered loop (one panel covers all of
+    B), so that a gap there is read as noise; None: worked out for the kit's own blocked loop, none for others.
 
     ``rows``: m, the rows of A (a batch of inputs times an n x n weight matrix, as in a
     linear layer); None: m = n, square products. B, the matrix every row of A reuses,
@@ -378,6 +407,8 @@ def matmul_kernels(sizes: Sequence[int], device: str | torch.device | None = Non
     gpu = is_gpu(device)
     if gpu and not triton_available()[0]:
         raise RuntimeError(f"matmul_kernels on {device}: {triton_available()[1]}")
+    if same_loop_at is None:
+        same_loop_at = [n for n in sizes if panel_rows_for(n) >= n] if kernels is None and not gpu else []
     if kernels is None:
         kernels = {kernel: lambda a, b, kernel=kernel: kernel_matmul(a, b, kernel) for kernel in (GPU_KERNELS if gpu else CPU_KERNELS)}
     dtype = dtype if gpu else torch.float32
@@ -398,18 +429,20 @@ def matmul_kernels(sizes: Sequence[int], device: str | torch.device | None = Non
                     continue
                 timed[kernel] = lambda a=a, b=b, fn=fn: fn(a, b)
             errors = {kernel: 0.0 if kernel == LIBRARY else (fn().float() - expected.float()).abs().max().item() for kernel, fn in timed.items()}
-            best = dict.fromkeys(timed, math.inf)
+            blocks = {kernel: [] for kernel in timed}
             for round_ in range(rounds):  # the kernels take turns, so a burst of other work cannot fall on one of them only
                 for kernel, fn in timed.items():
-                    if round_ and best[kernel] > LONG_CALL_S:
+                    if round_ and min(blocks[kernel]) > LONG_CALL_S:
                         continue  # one long call already averages over bursts; repeating it would only cost time
                     measured = timeit(fn, device=device, min_run_time=min_run_time, num_threads=threads or torch.get_num_threads())
-                    best[kernel] = min(best[kernel], min(measured.times))
+                    blocks[kernel] += list(measured.times)
+            best = {kernel: min(times) for kernel, times in blocks.items()}
             library_seconds = best[LIBRARY]
             for kernel in (*[k for k in kernels if k in timed], LIBRARY):
                 seconds, error = best[kernel], errors[kernel]
                 name = library if kernel == LIBRARY else kernel
-                points.append(KernelPoint(name, m, n, seconds, 2 * m * n * n / seconds / 1e9, 100 * library_seconds / seconds, error, _fits_in(b_bytes, device), b_bytes))
+                points.append(KernelPoint(name, m, n, seconds, 2 * m * n * n / seconds / 1e9, 100 * library_seconds / seconds, error,
+                                          _fits_in(b_bytes, device), b_bytes, statistics.median(blocks[kernel]) / seconds))
     notes = []
     if gpu:
         precision = "float32 on both sides, TF32 off (IEEE products)" if dtype == torch.float32 else f"{dtype} inputs, float32 sums in the Triton kernels"
@@ -418,7 +451,7 @@ def matmul_kernels(sizes: Sequence[int], device: str | torch.device | None = Non
         notes.append("Every kernel and the library ran on ONE core (torch limited to 1 thread), so the comparison is per core; "
                      "the blocked kernel walks B in panels of rows filling half of L2.")
         notes += _naive_extrapolation(points, naive_up_to, max(sizes))
-    return KernelTimings(points, device, library, threads, notes, naive_up_to)
+    return KernelTimings(points, device, library, threads, notes, naive_up_to, same_loop_at)
 
 
 def _naive_extrapolation(points: Sequence[KernelPoint], naive_up_to: int | None, largest: int) -> list[str]:

@@ -127,6 +127,12 @@ def starvation_sweep(
         warnings.filterwarnings("ignore", message="This DataLoader will create")
         rows = _measure(dataset, settings, model_fn(), batch_size, steps, device, progress)
     notes = _explain(dataset, cpu_ms, batch_size, median(p.computing_s / p.steps for p in rows), device, threads)
+    longer = sorted({p.num_workers for p in rows if p.steps > steps})
+    if longer:  # say why the steps column is not the same everywhere
+        notes.insert(2, f"Each run times max(steps, 4 x num_workers) steps: {steps} asked for, and {', '.join(str(4 * w) for w in longer)} "
+                        f"with {', '.join(str(w) for w in longer)} workers, so that refilling {'their' if len(longer) > 1 else 'its'} "
+                        "pipeline is a small part of the measurement. Waiting and computing are totals over a run's steps; "
+                        "samples/s and the waiting share compare the runs.")
     return StarvationSweep(rows, notes, device=device, batch_size=batch_size, latency_ms=dataset.latency_ms, cpu_ms_per_sample=cpu_ms)
 
 

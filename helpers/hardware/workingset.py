@@ -7,6 +7,7 @@ relates the time to the step's working set and this machine's cache sizes.
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -25,6 +26,7 @@ from helpers.core.timing import timeit
 
 MNIST_TRAINING_IMAGES = 60_000
 PAGE_BYTES = 4096
+NOTICEABLE = 1.15  # a ratio closer to 1 than this is a tie on a busy machine (as helpers.hardware.kernels)
 DEFAULT_HIDDEN = (64, 128, 256, 512, 1024, 2048, 4096, 6144, 8192, 12288, 16384)
 
 
@@ -86,6 +88,7 @@ class SizePoint:
     epoch_s: float = column("epoch (extrapolated)", format_seconds)
     estimate_s: float  # the whole training run
     estimate: dict[str, float] = column("{}", _duration, spread=True, default_factory=dict)  # {"<E> epochs": estimate_s}
+    spread: float = 1.0  # median block over the fastest block of this size's timing: how much other work disturbed it
 
     @property
     def fresh_pages(self) -> bool:
@@ -112,6 +115,7 @@ class WorkingSetSweep(Report):
             "(a larger batch does more arithmetic per byte and hides it), so compare the time per parameter either side of the "
             "dashed lines. At the smallest sizes a fixed per-step overhead (Python, kernel launches) dominates instead.",
             *self._page_fault_note(),
+            *self._steps_note(),
             f"{main.name} ({format_bytes(main.bytes)}) would fill at hidden size about {self.ram_hidden:,} (extrapolated). That "
             + ("is not run: past GPU memory the step stops with a CUDA out-of-memory error (GPU memory does not swap)."
                if is_gpu(device) else
@@ -129,6 +133,57 @@ class WorkingSetSweep(Report):
             f"({faulting[0].page_faults_per_step:,.0f} per step, measured): a gradient that large is handed back to the OS when freed "
             "(glibc does so above 32 MiB), and the next step must have new, zeroed pages mapped in."
         ]
+
+    def steps(self, noticeable: float = NOTICEABLE) -> list[tuple[SizePoint, SizePoint, float, str]]:
+        """(smaller size, next size, ratio of their ns / parameter / step, verdict) for each step of hidden sizes.
+
+        "rose" or "fell" when the ratio clears the noise bound (the larger of ``noticeable`` and both sizes' spreads of
+        timed blocks), else "tie".
+        """
+        found = []
+        for before, after in zip(self.rows, self.rows[1:]):
+            ratio = after.ns_per_parameter / before.ns_per_parameter
+            bound = max(noticeable, before.spread, after.spread)
+            found.append((before, after, ratio, "rose" if ratio > bound else "fell" if 1 / ratio > bound else "tie"))
+        return found
+
+    def _steps_note(self) -> list[str]:
+        """Time per parameter, step by step, read against the noise; the steps that cross a level boundary named."""
+        if len(self.rows) < 2:
+            return []
+        lines = []
+        for before, after, ratio, verdict in self.steps():
+            bound = max(NOTICEABLE, before.spread, after.spread)
+            where = (f"{before.fits_in} -> {after.fits_in}, a level boundary" if before.fits_in != after.fits_in
+                     else f"both in {before.fits_in}")
+            faults = "; fresh pages from the OS begin here" if after.fresh_pages and not before.fresh_pages else ""
+            said = {"rose": f"rose {ratio:.2f}x", "fell": f"fell to {ratio:.2f}x", "tie": f"{ratio:.2f}x, a tie"}[verdict]
+            lines.append(f"hidden {before.hidden:,} -> {after.hidden:,} ({where}{faults}): {said} (noise bound {bound:.2f}x)")
+        steps = self.steps()
+        onset = lambda a, b: b.fresh_pages and not a.fresh_pages  # noqa: E731 - fresh pages from the OS begin at this step
+        crossing = [(a, b, v) for a, b, _, v in steps if a.fits_in != b.fits_in and not onset(a, b)]
+        risen = [(a, b) for a, b, v in crossing if v == "rose"]
+        faults = [(a, b) for a, b, _, v in steps if v == "rose" and onset(a, b)]
+        if not crossing:
+            verdict = "No step crossed a level boundary on its own: time more sizes to see one."
+        elif risen:
+            verdict = ("Time per parameter rose beyond the noise where the working set outgrew "
+                       + ", ".join(f"{a.fits_in} (hidden {a.hidden:,} -> {b.hidden:,})" for a, b in risen)
+                       + ": there each step streamed its weights from a slower level.")
+            flat = [(a, b) for a, b, v in crossing if v != "rose"]
+            if flat:
+                verdict += " At " + ", ".join(f"{a.fits_in} -> {b.fits_in}" for a, b in flat) + " it did not."
+        else:
+            verdict = f"No level boundary raised the time per parameter beyond the noise here ({len(crossing)} crossed)."
+        inside = [(a, b) for a, b, _, v in steps if v == "rose" and a.fits_in == b.fits_in and not onset(a, b)]
+        if inside:
+            verdict += (" It rose inside a level instead (" + ", ".join(f"{a.fits_in}, hidden {a.hidden:,} -> {b.hidden:,}" for a, b in inside)
+                        + "): a cache shared with other cores (or, on a virtual machine, with other guests) can hold less than "
+                        "its stated size, which moves the size where the time rises.")
+        if faults:
+            verdict += (" It rose where fresh pages from the OS began (" + ", ".join(f"hidden {a.hidden:,} -> {b.hidden:,}" for a, b in faults)
+                        + "): a cost of mapping new memory, not of a cache level.")
+        return ["Time per parameter, each size against the next: " + "; ".join(lines) + ".", verdict]
 
     def plot(self, ax=None):
         """Two panels: time per parameter against working set (caches marked), and epoch time against hidden size."""
@@ -220,13 +275,14 @@ def estimate_training_for(
         targets = torch.randint(0, 10, (batch_size,), device=device)
         working_set = training_working_set_bytes(model, inputs)
         step = _sgd_step(model, inputs, targets)
-        step_s = min(timeit(step, device=device, min_run_time=min_run_time, num_threads=threads).times)  # the least disturbed block
+        blocks = timeit(step, device=device, min_run_time=min_run_time, num_threads=threads).times
+        step_s = min(blocks)  # the least disturbed block
         faults = None if is_gpu(device) else page_faults_per_call(step)
         parameters = sum(p.numel() for p in model.parameters())
         fits_in = next((lv.name for lv in levels if working_set <= lv.bytes), f"beyond {levels[-1].name}")
         epoch_s = step_s * steps_per_epoch
         rows.append(SizePoint(hidden, parameters, working_set, fits_in, step_s, step_s / parameters * 1e9, faults, epoch_s, epoch_s * epochs,
-                              {f"{epochs} epochs": epoch_s * epochs}))
+                              {f"{epochs} epochs": epoch_s * epochs}, statistics.median(blocks) / step_s))
         del model
     return WorkingSetSweep(rows, model_name=getattr(nettype, "__name__", "model"), levels=levels, device=device, epochs=epochs, batch_size=batch_size, steps_per_epoch=steps_per_epoch, threads=threads)
 
