@@ -106,8 +106,12 @@ def test_blocks_are_taken_as_a_sequence_grows(model, prompts):
 def test_a_pool_too_small_for_the_batch_preempts_and_resumes_with_the_same_output(model, prompts, alone):
     longest = max(len(p) for p in prompts) + NEW
     engine = Engine(model, max_batch=6, num_blocks=math.ceil(longest / 16) + 6, block_size=16)
+    dropped, preempt = [], engine._preempt
+    engine._preempt = lambda request: (dropped.append(request.computed), preempt(request))
     assert engine.generate(prompts, NEW) == alone
-    assert engine.stats.preemptions > 0
+    assert engine.stats.preemptions == len(dropped) > 0
+    assert min(dropped) > 0, "a request was admitted only to be evicted in the same step, before it computed anything"
+    assert engine.stats.preempted_tokens == sum(dropped)
     assert engine.pool.used == 0 or not engine.running
 
 

@@ -4,9 +4,10 @@ n-gram speculative decoding, over SmolLM2 (``helpers.serving.llama``). ``make se
 * ``BlockPool``: the KV cache's blocks, shared by reference count; a full block is remembered by the hash of every
   token up to its end, so a later prompt with the same prefix reuses it (prefix caching).
 * ``Engine.step()``: one forward pass over a token budget. Decoding sequences first (one token each, or one plus
-  n-gram drafts to verify), then prompt chunks (chunked prefill), then new admissions. Blocks are taken as a
-  sequence grows; when none is free the most recently admitted sequence is preempted (its blocks freed, its tokens
-  recomputed later; greedy output is unchanged).
+  n-gram drafts to verify), then prompt chunks (chunked prefill), then new admissions, which start only when the
+  pool holds the blocks of what they compute in this step. Blocks are taken as a sequence grows; when none is free
+  the most recently admitted sequence is preempted (its blocks freed, its tokens recomputed later; greedy output is
+  unchanged).
 * ``allocation="reserved"`` instead takes blocks for prompt + max_tokens at admission, as a server with contiguous
   per-request buffers must: the comparison paging is measured against.
 * ``AsyncEngine`` steps an ``Engine`` in a thread of its own for an asyncio server.
@@ -147,6 +148,7 @@ class EngineStats:
     prefix_queries: int = 0         # prompt tokens looked up in the prefix cache
     prefix_hits: int = 0            # of which found there
     preemptions: int = 0
+    preempted_tokens: int = 0       # cached tokens whose keys and values preemption threw away
     draft_tokens: int = 0
     accepted_tokens: int = 0
     finished: dict[str, int] = field(default_factory=dict)
@@ -154,23 +156,26 @@ class EngineStats:
 
 def admit(engine, budget):
     """Move waiting requests into the running batch, first come first served, while the batch, the step's prompt-token
-    budget and the KV pool allow. Static batching admits only into an idle engine; paging needs one free block to
-    start, reservation the blocks of the whole prompt + max_tokens."""
+    budget and the KV pool allow. Static batching admits only into an idle engine. A request starts only when the
+    pool has the blocks of what it computes in this step (paging: this step's part of its prompt; reservation: the
+    whole prompt + max_tokens), and takes them at once, so the step cannot evict it before it computed anything."""
     if engine.scheduler == "static" and engine.running:
         return  # request-level batching: nobody joins a batch in flight
     while engine.waiting and len(engine.running) < engine.max_batch and budget > 0:
         request = engine.waiting[0]
-        if engine.allocation == "reserved" and request.preemptions == 0:
-            need = math.ceil((len(request.prompt) + request.max_tokens) / engine.block_size)
-            if len(engine.pool.free) < need:
-                return  # contiguous reservation: the whole answer's room, up front, or wait
-        elif not engine.pool.free:
-            return
-        engine.waiting.popleft()
-        if engine.prefix_caching and request.computed == 0:
-            engine.reuse_prefix(request)              # share the blocks of a prefix computed before
+        found = engine.cached_prefix(request) if engine.prefix_caching else []   # (block, hash) of a prefix computed before
+        start = len(found) * engine.block_size                   # tokens whose keys the prefix cache already holds
         if engine.allocation == "reserved":
-            engine.grow(request, len(request.prompt) + request.max_tokens)
+            room = len(request.prompt) + request.max_tokens       # contiguous reservation: the whole answer's room
+        else:
+            room = start + min(len(request.tokens) - start, budget)   # paging: what this step computes of it
+        in_use = sum(engine.pool.refs[block] > 0 for block, _ in found)   # shared with a running sequence: no free block
+        if len(engine.pool.free) < math.ceil(room / engine.block_size) - in_use:
+            return  # wait until the pool holds this step's part
+        engine.waiting.popleft()
+        if engine.prefix_caching:
+            engine.reuse_prefix(request, found)                   # share those blocks; nothing is copied
+        engine.grow(request, room)
         if request.preemptions == 0:
             engine.stats.prompt_tokens += len(request.prompt)
         engine.running.append(request)
@@ -289,19 +294,29 @@ class Engine:
         return self.pool.used / self.pool.num_blocks
 
     # --- blocks ------------------------------------------------------------------------------------------------
-    def _prefix_hash(self, request: Request, index: int) -> int:
-        parent = request.hashes[index - 1] if index else 0
+    def _block_hash(self, tokens: list[int], index: int, parent: int) -> int:
         start = index * self.block_size
-        return hash((parent, tuple(request.tokens[start:start + self.block_size])))
+        return hash((parent, tuple(tokens[start:start + self.block_size])))
 
-    def reuse_prefix(self, request: Request) -> None:
-        """Share the cached blocks of the prompt's longest cached prefix (whole blocks, leaving a token to compute)."""
-        self.stats.prefix_queries += len(request.prompt)
+    def _prefix_hash(self, request: Request, index: int) -> int:
+        return self._block_hash(request.tokens, index, request.hashes[index - 1] if index else 0)
+
+    def cached_prefix(self, request: Request) -> list[tuple[int, int]]:
+        """(block, prefix hash) of each block of the longest cached prefix of a waiting request's tokens (whole blocks,
+        leaving a token to compute); nothing is taken."""
+        found: list[tuple[int, int]] = []
         for index in range((len(request.tokens) - 1) // self.block_size):
-            prefix_hash = self._prefix_hash(request, index)
+            prefix_hash = self._block_hash(request.tokens, index, found[-1][1] if found else 0)
             block = self.pool.lookup(prefix_hash)
             if block is None:
                 break
+            found.append((block, prefix_hash))
+        return found
+
+    def reuse_prefix(self, request: Request, found: list[tuple[int, int]] | None = None) -> None:
+        """Share the blocks of the request's longest cached prefix (``found``: ``cached_prefix(request)``)."""
+        self.stats.prefix_queries += len(request.prompt)
+        for block, prefix_hash in self.cached_prefix(request) if found is None else found:
             self.pool.share(block)
             request.blocks.append(block)
             request.hashes.append(prefix_hash)
@@ -340,6 +355,7 @@ class Engine:
         """Recompute-style preemption: free every block; the request waits at the front and is prefilled again."""
         self.running.remove(request)
         self._free(request)
+        self.stats.preempted_tokens += request.computed
         request.computed = 0
         request.preemptions += 1
         self.stats.preemptions += 1
@@ -359,36 +375,41 @@ class Engine:
                 self._finish(request, "abort", time.perf_counter())
 
     def _plan(self) -> list[tuple[Request, list[int], bool]]:
-        """What this step computes: (request, its new tokens, whether they are drafts to verify)."""
+        """What this step computes: (request, its new tokens, whether they are drafts to verify). The running sequences
+        first (one short of a block preempts the most recently admitted), then admissions, which get only the token
+        budget and the blocks left."""
         budget = self.chunk_size if self.chunk_size else math.inf
-        admit(self, int(min(budget, 1 << 30)))
         plan: list[tuple[Request, list[int], bool]] = []
         for request in list(self.running):
-            if request not in self.running:
-                continue  # preempted to make room for an earlier one
-            pending = request.tokens[request.computed:]
-            decoding = len(pending) == 1 and request.output
-            if not decoding:  # a prompt (or a preempted sequence) still filling the cache: a chunk of it
-                take = len(pending) if not self.chunk_size else max(0, min(len(pending), int(budget)))
-                if take == 0:
-                    continue
-                pending = pending[:take]
-            drafts = []
-            if decoding and self.speculate and request.temperature <= 0:
-                room = request.max_tokens - len(request.output) - 1
-                drafts = ngram_draft(request.tokens, min(self.speculate, room)) if room > 0 else []
-            new = pending + drafts
-            while not self.grow(request, request.computed + len(new)):
-                victim = self.running[-1]
-                self._preempt(victim)
-                if victim is request:
-                    break
-            if request not in self.running:
-                continue
-            plan.append((request, new, bool(drafts)))
-            if not decoding:
-                budget -= len(new)
+            if request in self.running:  # (not preempted to make room for an earlier one)
+                budget = self._schedule(request, budget, plan)
+        admitted = len(self.running)
+        admit(self, int(min(budget, 1 << 30)))
+        for request in self.running[admitted:]:
+            budget = self._schedule(request, budget, plan)
         return plan
+
+    def _schedule(self, request: Request, budget: float, plan: list[tuple[Request, list[int], bool]]) -> float:
+        """Append ``request``'s part of this step to ``plan``, taking its blocks; the prompt-token budget left."""
+        pending = request.tokens[request.computed:]
+        decoding = len(pending) == 1 and request.output
+        if not decoding:  # a prompt (or a preempted sequence) still filling the cache: a chunk of it
+            take = len(pending) if not self.chunk_size else max(0, min(len(pending), int(budget)))
+            if take == 0:
+                return budget
+            pending = pending[:take]
+        drafts = []
+        if decoding and self.speculate and request.temperature <= 0:
+            room = request.max_tokens - len(request.output) - 1
+            drafts = ngram_draft(request.tokens, min(self.speculate, room)) if room > 0 else []
+        new = pending + drafts
+        while not self.grow(request, request.computed + len(new)):
+            victim = self.running[-1]
+            self._preempt(victim)
+            if victim is request:
+                return budget
+        plan.append((request, new, bool(drafts)))
+        return budget if decoding else budget - len(new)
 
     # --- one step ------------------------------------------------------------------------------------------------
     def step(self) -> int:
