@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from helpers.serving import compression_table, mnist_holdout, mnist_model, train_mnist_model
+from helpers.serving.compression import Variant, latency_against
 
 from .test_export import session, to_onnx
 
@@ -36,3 +37,17 @@ def test_the_table_has_one_scored_row_per_variant(tmp_path):
     assert table.find(variant="half zero").nonzero < 0.9
     assert table.find(variant="again").accuracy == table.find(variant="fp32").accuracy
     assert table.rows[0].accuracy == pytest.approx(info.holdout_accuracy, abs=0.05)
+    for r in table.rows:  # every variant timed in every round: its median lies inside its rounds' range
+        assert r.quickest <= r.latency <= r.slowest
+
+
+def timed(latency, quickest, slowest):
+    return Variant("v", 1, 1.0, 1, latency, (quickest, slowest), 0.9)
+
+
+def test_a_latency_gap_counts_only_when_the_rounds_do_not_overlap():
+    base = timed(220e-6, 200e-6, 260e-6)
+    assert latency_against(base, timed(255e-6, 230e-6, 280e-6)).startswith("a tie")  # 0.86x, but inside the spread
+    assert latency_against(base, timed(200e-6, 190e-6, 240e-6)).startswith("a tie")
+    assert latency_against(base, timed(65e-6, 60e-6, 70e-6)) == "faster, 3.38x"
+    assert latency_against(base, timed(440e-6, 400e-6, 480e-6)) == "slower, 2.00x the time"

@@ -296,7 +296,8 @@ def test_start_app_serves_a_files_app_with_its_environment_and_stops_it(tmp_path
         assert health["greeting"] == "hello" and psutil.Process(health["pid"]).is_running()
         assert ipaddress.ip_address(served.url.split("//")[1].split(":")[0]).is_loopback
         report = request_breakdown(served.url, holdout[0], requests=3)  # the phases are the server's, labelled by desc
-        assert [r.phase for r in report.rows] == ["thinking", "HTTP, network and framework", "client total"]
+        assert [r.phase for r in report.rows] == ["thinking", "encode JSON (client)", "HTTP, network and framework", "client total"]
+        assert 0 < report.find(phase="encode JSON (client)").median < report.find(phase="client total").median
         assert report.find(phase="thinking").median == pytest.approx(0.002)
     assert not served.running and not psutil.pid_exists(health["pid"])
     with pytest.raises(FileNotFoundError, match="no Python file"):
