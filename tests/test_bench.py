@@ -21,6 +21,7 @@ from helpers.hardware import (
     time_matmul,
     transfer_sweep,
 )
+from helpers.hardware.batches import BatchPoint, BatchThroughput
 from helpers.hardware.matmuls import matmul_precision
 
 
@@ -134,9 +135,23 @@ def test_overlap_times_each_strategy_it_is_given(capsys):
     # each strategy's own function is timed: four times the copying takes clearly longer than one (a margin that
     # holds on a loaded machine, where "copy then compute" against "copies only" alone, 10% apart, did not)
     assert seconds["four copies"] > 2 * seconds["copies only"]
-    assert "faster than four copies" in report.sentences()  # each is compared with the slowest
+    # each strategy that is not a part alone is set against the two parts one after the other
+    assert "four copies: " in report.sentences() and "the sum of copies only and compute only" in report.sentences()
     with pytest.raises(TypeError, match="name -> function"):
         copy_compute_overlap({"x": 1}, "cpu")
+
+
+def test_overlap_reads_each_strategy_against_the_sum_of_its_parts():
+    """A CPU run printed "copies only: 1.23x faster than copy then compute", comparing parts with their own sum."""
+    from helpers.hardware.transfers import Overlap, OverlapRow
+
+    def report(serial, fastest_share=0.98):
+        rows = [OverlapRow(name, s, s * fastest_share) for name, s in
+                (("copies only", 0.073), ("compute only", 0.016), ("copy then compute (pageable)", serial))]
+        return Overlap(rows, notice=None).sentences()
+    assert "about the parts one after the other" in report(0.090) and "faster" not in report(0.090)
+    assert "the copies overlapped the compute" in report(0.075)  # 0.84x the sum: beyond a 10% margin
+    assert "about the parts one after the other" in report(0.075, fastest_share=0.5)  # unless the timing noise is wider
 
 
 def test_cudnn_demo_times_the_cells_steps_with_the_switch_off_and_on(capsys):
@@ -149,14 +164,14 @@ def test_cudnn_demo_times_the_cells_steps_with_the_switch_off_and_on(capsys):
 
     report = cudnn_benchmark_demo(lambda: conv(x), lambda: conv(x).sum().backward(), autotuning, "cpu")
     _one_notice(capsys)
-    assert seen == [False, True]
+    assert seen == [False, True, True, False, False, True]  # three rounds, the order of the settings alternating
     assert [r.setting for r in report.rows] == ["oneDNN (mkldnn) off", "oneDNN (mkldnn) on"]
     off, on = report.rows
     assert report.forward_speedup > 0 and (report.forward_speedup > 1) == (on.forward_seconds < off.forward_seconds)
     assert torch.backends.mkldnn.enabled  # the switch is restored
 
 
-@pytest.mark.parametrize("forward, both, reads", [(1.3, 1.0, "ran faster"), (1.02, 0.97, "ran as fast"), (0.99, 0.93, "ran slower"),
+@pytest.mark.parametrize("forward, both, reads", [(1.3, 1.0, "ran forward faster than off and forward + backward as fast"), (1.3, 1.2, "ran faster"), (1.02, 0.97, "ran as fast"), (0.99, 0.93, "ran forward as fast as off and forward + backward slower"),
                                                   (0.87, 1.66, "ran forward + backward faster than off and forward slower")])
 def test_the_autotuning_verdict_follows_the_measured_speed_ups(forward, both, reads):
     """On an H100 cudnn.benchmark measured 0.99x and 0.93x on a 3x3 convolution: the lecture's prose had promised faster."""
@@ -165,6 +180,21 @@ def test_the_autotuning_verdict_follows_the_measured_speed_ups(forward, both, re
     report = ConvAutotune([ConvTiming("off", forward * 1e-3, both * 1e-3), ConvTiming("on", 1e-3, 1e-3)], None, title="3x3")
     assert reads in report.verdict() and f"{forward:.2f}x" in report.verdict() and f"{both:.2f}x" in report.verdict()
     assert report.title.endswith(": 3x3")
+
+
+def test_the_switch_verdict_calls_overlapping_readings_a_tie():
+    """A CPU run read one reading per setting: oneDNN "ran forward slower, 0.32x" from a 256 ms outlier."""
+    from helpers.hardware.autotune import ConvAutotune, ConvTiming
+
+    ms = 1e-3
+    off = ConvTiming("off", 82 * ms, 690 * ms, [80 * ms, 82 * ms, 95 * ms], [650 * ms, 690 * ms, 700 * ms])
+    on = ConvTiming("on", 90 * ms, 436 * ms, [78 * ms, 90 * ms, 256 * ms], [420 * ms, 436 * ms, 450 * ms])
+    report = ConvAutotune([off, on], None, switch="oneDNN (mkldnn)")
+    assert report.outcomes() == {"forward": "tie", "forward + backward": "faster"}
+    assert "on ran forward + backward faster than off and forward as fast" in report.verdict()
+    assert report.title == "Convolution: oneDNN (mkldnn) off vs on"
+    on.forward_readings = [30 * ms, 31 * ms, 32 * ms]  # every reading below every reading with it off: faster
+    assert ConvAutotune([off, on], None).outcomes()["forward"] == "faster"
 
 
 ALLOCATOR_ON_THE_CPU = """
@@ -275,13 +305,25 @@ def test_batch_throughput_derives_samples_per_second_and_per_sample_speedup():
     assert all(r.spread >= 1.0 for r in report.rows)
     one.spread = many.spread = 1.1  # quiet rounds: the reading follows the rows, whatever they hold
     one.samples_per_second, many.samples_per_second = 1000.0, 1100.0
-    assert "only 1.10x" in report.reading() and "was full" in report.reading()
+    assert "1.10x, within its noise bound (1.15x): a tie" in report.reading() and "was full" in report.reading()
     many.samples_per_second = 10_000.0
-    assert "still rose 10.0x" in report.reading() and "larger batches" in report.reading()
+    assert "rose 10.00x" in report.reading() and "larger batches" in report.reading()
     many.samples_per_second = 500.0
-    assert "fell over the last step (batch 1 to 64: 0.50x)" in report.reading()
-    many.spread = 3.0  # rounds far apart: no trend is read from them, and the reading says why
-    assert report.reading().startswith("These timings are too noisy") and "batch 64 the median round took 3.0x" in report.reading()
+    assert "fell to 0.50x" in report.reading() and "did not rise" in report.reading()
+    many.spread = 3.0  # rounds far apart: a rise smaller than the spread is a tie, one far beyond it is still read
+    many.samples_per_second = 2500.0
+    assert "2.50x, within its noise bound (3.00x): a tie" in report.reading() and "Other work shared the machine" in report.reading()
+    many.samples_per_second = 10_000.0
+    assert "rose 10.00x, beyond its noise bound (3.00x)" in report.reading()
+
+
+def test_batch_throughput_reads_every_step_against_its_own_spread():
+    # the audited run: a 1.6x spread at batch 1 must not hide an 18.7x rise; only 256 -> 1,024 is within the noise
+    rows = [BatchPoint(b, b / s, s, 0.0, spread) for b, s, spread in
+            ((1, 506, 1.56), (4, 1550, 1.22), (16, 3816, 1.41), (64, 5885, 1.02), (256, 9475, 1.27), (1024, 9296, 1.14))]
+    report = BatchThroughput(rows, torch.device("cpu"), "LeNet")
+    assert [verdict for *_, verdict in report.steps()] == ["rose", "rose", "rose", "rose", "tie"]
+    assert "rose clearly up to batch 256" in report.reading()
 
 
 def test_batch_throughput_leaves_the_callers_model_as_it_was():

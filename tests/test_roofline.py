@@ -127,6 +127,19 @@ def test_a_row_holds_achieved_rate_roof_and_share():
     assert "caches" not in too_fast.verdict()
 
 
+def test_a_point_within_the_noise_of_its_roof_is_at_it_and_a_big_one_is_not_blamed_on_caches():
+    """A CPU run called a 192 MiB add at 102% of its roof "above" it, and blamed caches that cannot hold it."""
+    big_add = elementwise_workload("add", 2**24)  # 192 MiB: far past any cache
+    bandwidth = 13.3e9
+    at_roof = roofline_from([(big_add, big_add.bytes / (1.02 * bandwidth))], peak=1e12, bandwidth=bandwidth)
+    assert "At their roof: add (102%)" in at_roof.verdict() and "Above their roof" not in at_roof.verdict()
+    over = roofline_from([(big_add, big_add.bytes / (1.5 * bandwidth))], peak=1e12, bandwidth=bandwidth)
+    assert "Above their roof: add (150%)" in over.verdict() and "caches" not in over.verdict()
+    rows = [roofline_point(big_add, big_add.bytes / (1.08 * bandwidth), 1e12, bandwidth)]
+    noisy = Roofline(rows, torch.device("cpu"), "fp32", Roofs(1e12, "given", bandwidth, "given"), noise=0.1)
+    assert "At their roof: add (108%)" in noisy.verdict()  # the bandwidth kernel's own blocks spread 10%
+
+
 def test_bad_inputs_say_what_to_do():
     with pytest.raises(ValueError, match="n must be a positive whole number"):
         matmul_workload(0)

@@ -9,7 +9,7 @@ import torch
 from helpers.core import plots
 from helpers.core.device import gpu_notice, is_gpu, pick_device
 from helpers.core.report import Report, column, format_bytes, format_seconds
-from helpers.core.timing import timeit
+from helpers.core.timing import time_interleaved, timeit
 
 
 @dataclass
@@ -68,7 +68,12 @@ def transfer_sweep(sizes_mib: Sequence[float] | None = None, device: str | torch
 @dataclass
 class OverlapRow:
     strategy: str = column("strategy")
-    seconds: float = column("time", format_seconds)
+    seconds: float = column("time (median)", format_seconds)
+    fastest: float | None = column("fastest", format_seconds, optional=True, default=None)
+
+
+PARTS = ("copies only", "compute only")  # the strategies that time one part alone
+SAME_TIME = 0.10  # the least gap from the sum of the parts read as a difference, when the timing noise is smaller
 
 
 class Overlap(Report):
@@ -76,11 +81,30 @@ class Overlap(Report):
 
     title = "Overlapping host-to-device copies with compute"
 
+    def noise(self) -> float:
+        """The timing noise: the largest median-over-fastest excess among the strategies (0 without fastest readings)."""
+        return max((r.seconds / r.fastest - 1 for r in self.rows if r.fastest), default=0.0)
+
     def sentences(self) -> str:
-        """How each strategy compared with the slowest one, read from the measured times."""
-        slowest = max(self.rows, key=lambda r: r.seconds)
-        return "\n".join(f"{r.strategy}: {format_seconds(r.seconds)}" + ("" if r is slowest else f", {slowest.seconds / r.seconds:.2f}x faster than {slowest.strategy}")
-                         for r in self.rows)
+        """Each strategy's time; each one that copies and computes, against the two parts timed alone one after the other."""
+        lines = [f"{r.strategy}: {format_seconds(r.seconds)}" for r in self.rows]
+        if not all(any(r.strategy == part for r in self.rows) for part in PARTS):
+            return "\n".join(lines)
+        total = sum(self.find(strategy=part).seconds for part in PARTS)
+        margin = max(SAME_TIME, self.noise())
+        for i, r in enumerate(self.rows):
+            if r.strategy in PARTS or r.strategy.startswith("copies only"):
+                continue
+            ratio = r.seconds / total
+            if ratio < 1 - margin:
+                how = "less than the parts one after the other: the copies overlapped the compute"
+            elif ratio <= 1 + margin:
+                how = "about the parts one after the other: the copies and the compute did not overlap"
+            else:
+                how = "more than the parts one after the other"
+            lines[i] += (f", {ratio:.2f}x the sum of copies only and compute only ({format_seconds(total)}): {how} "
+                         f"(a gap under {margin:.0%}, the larger of the timing noise and {SAME_TIME:.0%}, counts as none)")
+        return "\n".join(lines)
 
     def plot(self, ax=None):
         ax = plots.new_axes(ax, title=self.title, xlabel="milliseconds")
@@ -89,17 +113,19 @@ class Overlap(Report):
 
 
 def copy_compute_overlap(strategies: dict[str, Callable[[], object]], device: str | torch.device | None = None,
-                         min_run_time: float = 0.3) -> Overlap:
+                         min_run_time: float = 0.1, rounds: int = 3) -> Overlap:
     """Time each of ``strategies`` (name -> function that copies a set of batches and computes on them) on ``device``.
 
     The functions are a notebook's: one after the other, ``non_blocking`` from pageable
     memory, pinned memory with a second CUDA stream, and the copies and the compute alone.
-    Each is timed with the device synchronised (``helpers.timeit``). Without a GPU the
+    They take turns for ``rounds`` rounds of ``helpers.timeit`` (device synchronised), so a burst of other
+    work falls on all of them; a row keeps the median and the fastest block. Without a GPU the
     notice says so; the CPU side is whatever the notebook gives (host-to-host copies).
     """
     if not strategies or not all(callable(fn) for fn in strategies.values()):
         raise TypeError("copy_compute_overlap: give a dict of name -> function to time")
     device = pick_device(device)
     notice = gpu_notice("copy/compute overlap", device)
-    rows = [OverlapRow(name, timeit(fn, device=device, min_run_time=min_run_time).median) for name, fn in strategies.items()]
+    turns = time_interleaved(strategies, device, rounds, min_run_time=min_run_time)
+    rows = [OverlapRow(name, turns[name].median, turns[name].fastest) for name in strategies]
     return Overlap(rows, notice=notice)
