@@ -114,3 +114,18 @@ def test_lecture_9_selects_over_seeds_and_says_when_it_is_a_tie():
     sources = "\n".join(code_cells(TRACKING))
     assert "for seed in seeds" in sources and "val_accuracy_min" in sources and "val_accuracy_max" in sources
     assert "A tie" in sources and "A clear lead" in sources
+
+
+def test_lecture_7_judges_the_batching_setting_it_chose_before_the_run_and_times_each_runtime_once():
+    sources = "\n".join(code_cells(FORMATS))
+    assert "max(tradeoff.rows" not in sources and "judged = tradeoff.rows[1]" in sources  # no best-of-several picked afterwards
+    assert "statistics.quantiles" not in sources and "session.run(None, feed)" in sources  # the by-hand call reads the table's timings
+    (latency_call,) = calls(FORMATS, "runtime_latency")
+    assert len(calls(FORMATS, "timeit")) == 1  # only the GPU branch of cost_of_one_call times the model again
+
+
+def test_lecture_7_judges_no_latency_gap_without_enough_blocks_for_a_spread():
+    compared = cell_function(FORMATS, "compared")
+    one_block = SimpleNamespace(latency=0.5, iqr=0.0, blocks=1)  # a single block: an IQR of 0 that says nothing
+    assert compared(SimpleNamespace(latency=1.0, iqr=0.1, blocks=10), one_block).startswith("not judged")
+    assert compared(SimpleNamespace(latency=1.0, iqr=0.1, blocks=10), SimpleNamespace(latency=0.5, iqr=0.1, blocks=10)) == "faster, 2.00x"

@@ -20,7 +20,8 @@ class RuntimePoint:
     latency: float = column("latency", format_seconds)
     per_input: float = column("per input", format_seconds)
     speedup: float = column("vs eager", ".2f")
-    iqr: float = 0.0  # the interquartile range of the timed blocks, seconds: how far one reading may move
+    iqr: float = column("latency IQR", format_seconds, default=0.0)  # interquartile range of the timed blocks: how far a reading moves
+    blocks: int = column("blocks", default=0)  # timed blocks behind the median and IQR: under 4, the IQR says nothing
 
 
 class RuntimeLatency(Report):
@@ -67,6 +68,6 @@ def runtime_latency(model: nn.Module, sessions: dict[str, object], pixels: torch
                     if name == "eager PyTorch":
                         eager_latency[batch] = latency
                     rows.append(RuntimePoint(name, n_threads, batch, latency, latency / batch, eager_latency[batch] / latency,
-                                             measured.iqr))
+                                             measured.iqr, len(measured.times)))
     return RuntimeLatency(rows, [f"Median of torch.utils.benchmark blocks (at least {min_run_time:g} s each), "
-                                 "inference only, the same held-out images for every runtime."])
+                                 "inference only, the same held-out images for every runtime; latency IQR: the spread of those blocks' readings (none with under 4 blocks)."])
