@@ -167,8 +167,9 @@ def taking_turns(items, round_: int) -> list:
 
 
 def read_metrics(base_url: str) -> dict[str, float]:
-    """The service's /metrics, parsed with prometheus-client's own parser: {sample name{labels}: value}."""
-    text = httpx.get(base_url.rstrip("/") + "/metrics", timeout=10).raise_for_status().text
+    """The service's /metrics, parsed with prometheus-client's own parser: {sample name{labels}: value}. Waits up to a
+    minute: right after a load test the service may still be working through the requests its clients gave up on."""
+    text = httpx.get(base_url.rstrip("/") + "/metrics", timeout=60).raise_for_status().text
     samples = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
