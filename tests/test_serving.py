@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import random
 import signal
 import socket
@@ -177,6 +178,35 @@ def test_make_serve_stops_cleanly_on_sigint_and_sigterm_leaving_no_process(stop_
     assert "server stopped" in output
     time.sleep(0.5)
     assert not [pid for pid in family if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+
+
+SLOW_WORKER_START = ("import sys, time\n"
+                     "if '--multiprocessing-fork' in sys.argv:\n"
+                     "    time.sleep(8)  # a worker starting on a busy machine: longer than uvicorn's default 5 s ping\n")
+
+
+def test_workers_that_start_slowly_are_waited_for_not_killed_and_started_again(tmp_path):
+    mnist_model()
+    (tmp_path / "sitecustomize.py").write_text(SLOW_WORKER_START)
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "helpers.serving.server", "--port", str(port), "--workers", "2"],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=environment)
+    try:
+        deadline, healthy = time.monotonic() + 120, False
+        while time.monotonic() < deadline and not healthy:
+            try:
+                healthy = httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        assert healthy, "the workers never served: the supervisor killed each before it had started"
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.communicate(timeout=60)
+        finally:
+            if server.poll() is None:
+                server.kill()
 
 
 def test_a_served_process_never_outlives_its_owner(tmp_path):

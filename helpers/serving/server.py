@@ -63,6 +63,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+WORKER_PING_TIMEOUT_S = 120  # how long a worker may take to answer the supervisor, its start included
+
+
 def main(argv: list[str] | None = None) -> None:
     from helpers.serving.model import mnist_model
 
@@ -77,8 +80,11 @@ def main(argv: list[str] | None = None) -> None:
           f"http://{args.host}:{port} with {args.workers} worker(s) x {args.threads} thread(s)"
           + (f", gRPC on {args.host}:{args.grpc_port}" if args.grpc_port else "") + "; Ctrl-C stops it",
           flush=True)
+    # uvicorn's supervisor kills a worker that does not answer its ping within timeout_worker_healthcheck (5 s by
+    # default), and a worker answers only once it has imported this module, torch included: on a busy machine that
+    # takes longer, and every worker was killed and started again, for ever. A hung worker is found a little later.
     uvicorn.run("helpers.serving.server:app_from_env", factory=True, host=args.host, port=port,
-                workers=args.workers, log_level="warning")
+                workers=args.workers, log_level="warning", timeout_worker_healthcheck=WORKER_PING_TIMEOUT_S)
     print("server stopped", flush=True)
 
 
