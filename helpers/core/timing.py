@@ -9,7 +9,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 import torch
 from torch.utils import benchmark as torch_benchmark
@@ -86,6 +86,16 @@ class Turns:
     def spread(self) -> float:
         """Median over fastest: 1.0 on a quiet machine; well above it when other work disturbed the timing."""
         return self.median / self.fastest if self.fastest > 0 else float("inf")
+
+
+def range_verdict(mine: Sequence[float], theirs: Sequence[float]) -> str:
+    """'faster' when every reading of ``mine`` lies below every reading of ``theirs`` (times: lower is faster),
+    'slower' the other way round, else 'a tie': the ranges overlap, so the gap is inside the run-to-run spread."""
+    if max(mine) < min(theirs):
+        return "faster"
+    if min(mine) > max(theirs):
+        return "slower"
+    return "a tie"
 
 
 def time_interleaved(functions: Mapping[str, Callable[[], object]], device: str | torch.device | None = None, rounds: int = 3,

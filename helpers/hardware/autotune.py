@@ -14,7 +14,7 @@ import torch
 from helpers.core import plots
 from helpers.core.device import gpu_notice, is_gpu, pick_device
 from helpers.core.report import Report, column, format_seconds
-from helpers.core.timing import timeit
+from helpers.core.timing import range_verdict, timeit
 from helpers.hardware.matmuls import temporarily
 
 
@@ -39,11 +39,8 @@ def step_outcome(off: float, on: float, off_readings: list[float] | None = None,
     lies below every reading with it off (slower: the reverse); readings that overlap are a tie. Without: medians
     within SAME_SPEED are a tie."""
     if off_readings and on_readings:
-        if max(on_readings) < min(off_readings):
-            return "faster"
-        if min(on_readings) > max(off_readings):
-            return "slower"
-        return "tie"
+        outcome = range_verdict(on_readings, off_readings)
+        return "tie" if outcome == "a tie" else outcome
     speedup = off / on
     return "faster" if speedup >= 1 + SAME_SPEED else "slower" if speedup <= 1 - SAME_SPEED else "tie"
 

@@ -14,7 +14,7 @@ import torch
 from helpers.core import plots
 from helpers.core.device import cpu_threads, pick_device, synchronize
 from helpers.core.report import Report, column, format_seconds
-from helpers.core.timing import timeit
+from helpers.core.timing import range_verdict, timeit
 
 
 @dataclass
@@ -131,8 +131,7 @@ def eager_vs_compiled(
             eager_rounds.append(timeit(fn, *args, device=device, min_run_time=per_round).median)
             compiled_rounds.append(timeit(compiled, *args, device=device, min_run_time=per_round).median)
     eager_steady, compiled_steady = statistics.median(eager_rounds), statistics.median(compiled_rounds)
-    outcome = ("faster" if max(compiled_rounds) < min(eager_rounds) else "slower" if min(compiled_rounds) > max(eager_rounds)
-               else "a tie")
+    outcome = range_verdict(compiled_rounds, eager_rounds)
     saving = eager_steady - compiled_steady
     compile_seconds = max(compiled_first - compiled_steady, 0.0)
     eager = ExecutionMode("eager", eager_first, compile_seconds=0.0, steady_seconds=eager_steady, speedup=1.0, break_even_calls=None,

@@ -14,7 +14,7 @@ from torch.autograd import DeviceType
 from helpers.core import plots
 from helpers.core.device import gpu_notice, is_gpu, pick_device
 from helpers.core.report import Report, column, format_seconds
-from helpers.core.timing import timeit
+from helpers.core.timing import range_verdict, timeit
 from helpers.training.workloads import Program, make_compute_bound, make_launch_bound, make_sync_bound
 
 SYNC_OPS = {"aten::item", "aten::_local_scalar_dense", "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy"}
@@ -158,11 +158,7 @@ class PatternDiagnosis:
 def fix_outcome(step_times: list[float], fixed_times: list[float]) -> str:
     """'faster' when every round of the fixed step beat every round of the step, 'slower' the other way round,
     else 'a tie': the two ranges overlap, so the gap is inside this machine's run-to-run spread."""
-    if max(fixed_times) < min(step_times):
-        return "faster"
-    if min(fixed_times) > max(step_times):
-        return "slower"
-    return "a tie"
+    return range_verdict(fixed_times, step_times)
 
 
 class ProfilePatterns(Report):

@@ -26,6 +26,7 @@ from torch.profiler import ProfilerActivity  # noqa: E402
 from helpers.core.device import is_gpu, pick_device  # noqa: E402
 from helpers.core.paths import build_dir, kit_root  # noqa: E402
 from helpers.core.report import Report, column, format_seconds  # noqa: E402
+from helpers.core.timing import range_verdict  # noqa: E402
 
 # ---------------------------------------------------------------- cProfile
 
@@ -54,11 +55,7 @@ class PythonProfile(Report):
     @property
     def overhead_verdict(self) -> str:
         """'slower' when every profiled round took longer than every plain one, 'faster' the other way round, else 'a tie'."""
-        if min(self.profiled_rounds) > max(self.plain_rounds):
-            return "slower"
-        if max(self.profiled_rounds) < min(self.plain_rounds):
-            return "faster"
-        return "a tie"
+        return range_verdict(self.profiled_rounds, self.plain_rounds)
 
     def overhead_sentence(self) -> str:
         """cProfile's overhead, judged against the spread of the rounds in which profiled and plain runs took turns."""
