@@ -27,6 +27,7 @@ from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E
 from helpers.core import plots  # noqa: E402
 from helpers.core.device import DTYPES, cpu_threads, is_gpu, pick_device, synchronize  # noqa: E402
 from helpers.core.report import Report, column, format_seconds  # noqa: E402
+from helpers.core.timing import range_verdict  # noqa: E402
 from helpers.training.profiling import is_gpu_kernel  # noqa: E402
 
 # ---------------------------------------------------------------- classes and the name patterns behind them
@@ -239,8 +240,8 @@ class KernelTable(Report):
         ratio = statistics.median(mine) / statistics.median(theirs)
         ranges = (f"{self.label} {format_seconds(min(mine))} to {format_seconds(max(mine))} a step, {other.label} "
                   f"{format_seconds(min(theirs))} to {format_seconds(max(theirs))}")
-        verdict = ("slower in every step" if min(mine) > max(theirs) else "faster in every step" if max(mine) < min(theirs)
-                   else "a tie: the ranges overlap")
+        outcome = range_verdict(mine, theirs)
+        verdict = "a tie: the ranges overlap" if outcome == "a tie" else f"{outcome} in every step"
         return f"{self.label} took {ratio:.2f}x the time of {other.label} ({ranges}): {verdict}"
 
     def table(self) -> str:
