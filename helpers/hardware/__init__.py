@@ -23,7 +23,7 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     ".starvation": ["starvation_sweep"],
     ".systolic": ["compare_dataflows", "systolic_matmul"],
     ".sparsity": ["sparse_matmul"],
-    ".workingset": ["estimate_training_for", "memory_levels"],
+    ".workingset": ["cpu_caches", "estimate_training_for", "memory_levels"],
     ".hierarchy": ["memory_spaces"],
     ".kernels": ["NOTICEABLE", "gpu_kernel_timings", "kernel_matmul", "launch_plan", "matmul_kernels", "triton_check", "triton_for"],
 })

@@ -13,7 +13,7 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     ".batching": ["DynamicBatcher"],
     ".export": ["file_sizes_and_accuracy", "parity"],
     ".runtimes": ["runtime_latency"],
-    ".compression": ["compression_table"],
+    ".compression": ["compression_table", "latency_against"],
     ".smollm": ["ChatTokenizer", "LlamaConfig", "ModelFileError", "cached_weights", "load_tokenizer"],
     ".llama": ["Batch", "Llama", "load_llm"],
     ".llm_engine": ["AsyncEngine", "BlockPool", "Engine", "Request", "ngram_draft", "use_definitions"],
