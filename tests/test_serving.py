@@ -438,3 +438,29 @@ def test_a_failed_ray_sessions_logs_are_kept_and_the_raylets_last_words_quoted(t
     assert "one Ray agent failed" in said and str(tmp_path / "kept") in said.splitlines()[-1]
     assert "left no session logs" in keep_ray_logs(str(tmp_path / "elsewhere"), tmp_path / "none")
     assert not (tmp_path / "none").exists()
+
+
+def test_a_failed_ray_sessions_first_errors_are_quoted_though_its_log_ends_with_an_orderly_shutdown(tmp_path):
+    from helpers.serving.ray_service import keep_ray_logs
+
+    logs = tmp_path / "scratch" / "session_latest" / "logs"
+    logs.mkdir(parents=True)
+    cause = "[2026-11-29 16:16:20,101 E 29453 29453] (raylet) main.cc:412: the runtime env agent timed out"
+    ordinary = [f"[2026-11-29 16:16:37,{n:03d} I 29453 29453] (raylet) agent_manager.cc:116: Killing agent {n}" for n in range(8)]
+    (logs / "raylet.out").write_text("\n".join(["[2026-11-29 16:16:01,000 I 29453 29453] starting", cause, *ordinary]) + "\n")
+    (logs / "gcs_server.out").write_text("[2026-11-29 16:16:36,000 W 29400 29400] slow\n")
+    said = keep_ray_logs(str(tmp_path / "scratch"), tmp_path / "kept").splitlines()
+    assert said[:2] == ["raylet.out's first errors:", cause]
+    assert not any("gcs_server.out" in line for line in said)  # a warning is not an error
+    assert said[-2] == ordinary[-1]
+
+
+def test_the_ray_service_has_a_token_of_its_own_and_leaves_an_explicit_auth_mode_alone(monkeypatch):
+    from helpers.serving.ray_service import own_auth_token
+
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    first, second = own_auth_token(), own_auth_token()
+    assert first["RAY_AUTH_MODE"] == "token" and len(first["RAY_AUTH_TOKEN"]) >= 32
+    assert first["RAY_AUTH_TOKEN"] != second["RAY_AUTH_TOKEN"]
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    assert own_auth_token() == {}

@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import re
+import secrets
 import shutil
 import signal
 import tempfile
@@ -25,6 +27,17 @@ from helpers.core.procs import LOOPBACK, free_port, stop_tree
 # Ray on Linux replaces a loopback node address by the machine's reachable one (and its servers then listen there);
 # with clusters off it keeps 127.0.0.1, and so does every server it starts (GCS, raylet, agents, workers).
 SINGLE_MACHINE = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
+def own_auth_token() -> dict[str, str]:
+    """Token authentication with a token of this service's own, in its environment (Ray's processes inherit it).
+
+    Ray 2.60 turns token authentication on for every new local cluster and, unless told a token, writes one to
+    ``~/.ray/auth_token``: a file outside the project that every run on the machine then shares and that outlives
+    them all. An explicit ``RAY_AUTH_MODE`` (token or disabled) is left as it is."""
+    if "RAY_AUTH_MODE" in os.environ:
+        return {}
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
 
 
 def replicas_on_loopback() -> None:
@@ -118,6 +131,7 @@ def main() -> None:
     parser.add_argument("--scratch", help="folder for Ray's session files (default: a new one, removed on exit)")
     args = parser.parse_args()
     os.environ.update(SINGLE_MACHINE)  # before Ray reads it (also when this module is run by hand)
+    os.environ.update(own_auth_token())
 
     import ray
     from ray import serve
@@ -152,10 +166,15 @@ def main() -> None:
 
 RAY_LOGS_KEPT = ("raylet.out", "raylet.err", "gcs_server.out", "gcs_server.err", "dashboard_agent.log",
                  "runtime_env_agent.log", "python-core-driver-*.log")
+# A line of Ray's C++ logs at level error, fatal or check failure: "[2026-11-29 16:16:37,983 E 29335 29335] ..."
+SEVERE = re.compile(r"^\[[\d-]+ [\d:,]+ [EFC] \d+ \d+\]")
 
 
 def keep_ray_logs(scratch: str, into: Path) -> str:
-    """Copy the logs of Ray's session in ``scratch`` that tell why a node died into ``into``; a line saying where."""
+    """Copy the logs of Ray's session in ``scratch`` that tell why a node died into ``into``; what to read there.
+
+    The raylet's and GCS's first errors are quoted (a node's end is logged long after what caused it), then the
+    raylet's last lines and where the logs are kept."""
     logs = Path(scratch) / "session_latest" / "logs"
     found = [log for pattern in RAY_LOGS_KEPT for log in logs.glob(pattern)]
     if not found:
@@ -163,8 +182,17 @@ def keep_ray_logs(scratch: str, into: Path) -> str:
     into.mkdir(parents=True, exist_ok=True)
     for log in found:
         shutil.copy(log, into)
-    tail = (into / "raylet.out").read_text(errors="replace").splitlines()[-6:] if (into / "raylet.out").exists() else []
-    return "\n".join(["raylet.out ends with:", *tail, f"Ray's session logs are kept in {into}"])
+    said = []
+    for name in ("raylet.out", "gcs_server.out"):
+        errors = [line for line in _lines(into / name) if SEVERE.match(line)][:4]
+        if errors:
+            said += [f"{name}'s first errors:", *errors]
+    return "\n".join([*said, "raylet.out ends with:", *_lines(into / "raylet.out")[-6:],
+                      f"Ray's session logs are kept in {into}"])
+
+
+def _lines(log: Path) -> list[str]:
+    return log.read_text(errors="replace").splitlines() if log.exists() else []
 
 
 def start_ray_service(batch_size: int = 32, max_wait_ms: float = 2.0, startup_timeout: float = 420.0, attempts: int = 3):
