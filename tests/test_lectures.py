@@ -84,6 +84,8 @@ def experiment_tracking(f):
     assert f["chosen_on_validation"] == f["best_on_validation"]  # selection on the validation split
     assert f["champion_run"] == f["chosen_run"] and f["reloaded_predicts_the_same"]
     assert f["reproduced_metric"] == f["recorded_metric"]  # data v1 checked out from the remote retrains to the same figure
+    # "a clear lead" only where the leader's worst seed beat every other run's best seed, else "a tie"
+    assert f["clear_lead"] == all(best < f["leader_worst_seed"] for best in f["others_best_seeds"]), f
 
 
 def monitoring_lecture(f):
@@ -267,6 +269,11 @@ def kv_cache_compression(f):
     whole, window_only, with_sinks = (named(f["eviction"], p) for p in ("whole", "window", f"{f['sinks']} sinks"))
     assert whole < with_sinks < window_only, f["eviction"]  # evicting costs, and the sink tokens take back most of it
     assert f["text_tokens"] > 2 * (f["window"] + f["sinks"])  # the text is long enough that the window evicts
+    for name, v in f["verdicts"].items():  # each printed verdict follows from its gap and the noise printed beside it
+        expected = "higher" if v["gap"] > v["two_stderr"] else "lower" if v["gap"] < -v["two_stderr"] else "a tie"
+        assert v["verdict"] == expected, (name, v)
+    assert named(f["verdicts"], "int4")["verdict"] == "higher", f["verdicts"]  # 4 bits a value cost more than the noise
+    assert named(f["verdicts"], f"window of {f['window']} vs whole")["verdict"] == "higher", f["verdicts"]
 
 
 FIGURE_CHECKS = {
