@@ -121,6 +121,16 @@ def test_transfer_sweep_on_the_cpu_explains_and_measures_host_copies(capsys):
     assert report.rows[0].pinned_gbs is None and report.rows[0].host_copy_gbs > 0
 
 
+def test_the_default_copy_sizes_end_past_the_largest_cache(monkeypatch, capsys):
+    import helpers.hardware.roofline as roofline
+
+    monkeypatch.setattr(roofline, "past_cache_mib", lambda device: 128)  # a CPU whose caches call for 128 MiB copies
+    sizes = [r.size_bytes // 2**20 for r in transfer_sweep(device="cpu", min_run_time=0.01).rows]
+    assert sizes == [1, 4, 16, 64, 128]
+    monkeypatch.setattr(roofline, "past_cache_mib", lambda device: 32)  # small caches: 64 MiB is already past them
+    assert [r.size_bytes // 2**20 for r in transfer_sweep(device="cpu", min_run_time=0.01).rows] == [1, 4, 16, 64]
+
+
 def test_overlap_times_each_strategy_it_is_given(capsys):
     host, target = torch.randn(2**18), torch.empty(2**18)
     weight = torch.randn(64, 64)

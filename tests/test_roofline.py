@@ -35,6 +35,8 @@ from helpers.hardware.roofline import (  # noqa: E402
     disturbance_note,
     ieee_fp32,
     intensity_label,
+    largest_cache,
+    past_cache_mib,
     roofline_point,
 )
 
@@ -127,9 +129,18 @@ def test_a_row_holds_achieved_rate_roof_and_share():
     assert "caches" not in too_fast.verdict()
 
 
+def test_closest_to_the_roof_is_named_among_points_under_it_not_above_it():
+    """A CPU run printed "Closest to its roof: relu at 171%" (the point furthest above its roof)."""
+    add, small, big = elementwise_workload("add", 1200), matmul_workload(64), matmul_workload(256)  # ridge 10: matmuls compute-bound
+    report = roofline_from([(add, add.bytes / (1.7 * 1e11)), (small, small.flops / (0.3 * 1e12)), (big, big.flops / (0.9 * 1e12))],
+                           peak=1e12, bandwidth=1e11)
+    assert "closest to it: matmul n=256 at 90%; furthest below it: matmul n=64 at 30%" in report.verdict()
+    assert "Above their roof: add (170%)" in report.verdict()
+
+
 def test_a_point_within_the_noise_of_its_roof_is_at_it_and_a_big_one_is_not_blamed_on_caches():
     """A CPU run called a 192 MiB add at 102% of its roof "above" it, and blamed caches that cannot hold it."""
-    big_add = elementwise_workload("add", 2**24)  # 192 MiB: far past any cache
+    big_add = elementwise_workload("add", past_cache_mib("cpu") * 2**20 // 4)  # 3 arrays, each 4x this CPU's largest cache
     bandwidth = 13.3e9
     at_roof = roofline_from([(big_add, big_add.bytes / (1.02 * bandwidth))], peak=1e12, bandwidth=bandwidth)
     assert "At their roof: add (102%)" in at_roof.verdict() and "Above their roof" not in at_roof.verdict()
@@ -138,6 +149,23 @@ def test_a_point_within_the_noise_of_its_roof_is_at_it_and_a_big_one_is_not_blam
     rows = [roofline_point(big_add, big_add.bytes / (1.08 * bandwidth), 1e12, bandwidth)]
     noisy = Roofline(rows, torch.device("cpu"), "fp32", Roofs(1e12, "given", bandwidth, "given"), noise=0.1)
     assert "At their roof: add (108%)" in noisy.verdict()  # the bandwidth kernel's own blocks spread 10%
+
+
+def test_bandwidth_arrays_are_sized_past_the_largest_cache_within_bounds_and_free_memory(monkeypatch):
+    import helpers.hardware.roofline as roofline
+
+    cache = largest_cache(torch.device("cpu"))
+    mib = past_cache_mib("cpu")
+    assert mib in (256, 512, 1024) and (cache is None or mib * 2**20 >= 4 * cache or mib == 1024)
+    monkeypatch.setattr(roofline, "largest_cache", lambda device: 260 * 2**20)  # a server's L3
+    assert past_cache_mib("cpu", at_most=4096) == 2048  # the power of two at or past 4 x 260 MiB
+    assert past_cache_mib("cpu") == 1024  # capped
+    monkeypatch.setattr(roofline, "_free_bytes", lambda device: 6 * 2**30)  # 6 GiB free: ten 512 MiB arrays fit, not 1 GiB ones
+    assert past_cache_mib("cpu") == 512
+    monkeypatch.setattr(roofline, "largest_cache", lambda device: 8 * 2**20)  # a laptop's L3: the 256 MiB floor
+    assert past_cache_mib("cpu") == 256
+    add = next(w for w in default_workloads("cpu") if w.name == "add")
+    assert add.bytes == 3 * 256 * 2**20  # element-wise tensors as large as the bandwidth arrays
 
 
 def test_bad_inputs_say_what_to_do():

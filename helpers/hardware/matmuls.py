@@ -155,7 +155,8 @@ class ShapeEffect(MatmulSweep):
         self.slowdown = rows[1].seconds / rows[0].seconds
 
     def table(self) -> str:
-        return super().table() + f"\n(n={self.rows[1].n} takes {self.slowdown:.2f}x the time of n={self.rows[0].n})"
+        return super().table() + (f"\n(one reading each, not a verdict: n={self.rows[1].n} took {self.slowdown:.2f}x the time of "
+                                  f"n={self.rows[0].n})")
 
     def plot(self, ax=None):
         ax = plots.new_axes(ax, title=self.title, ylabel="GFLOP/s")

@@ -124,7 +124,9 @@ ELEMENTWISE_OPS = {"add": "c = a + b (reads 2, writes 1 per element)", "relu": "
 def elementwise_workload(op: str, numel: int, device: str | torch.device = "cpu", dtype: str = "fp32") -> Workload:
     """An element-wise op over ``numel`` elements: 1 FLOP per element; add moves 3 elements each, ReLU 2.
 
-    Outputs go to a tensor allocated once (``out=``), so the time is the operator's, not the allocator's.
+    Outputs go to a tensor allocated once (``out=``), so the time is the operator's, not the allocator's. The inputs
+    hold one value (the time of an add or a ReLU does not depend on it): filling GiB-sized tensors with random
+    numbers took longer than timing them.
     """
     if op not in ELEMENTWISE_OPS:
         raise ValueError(f"element-wise op {op!r} is not known; use one of {', '.join(ELEMENTWISE_OPS)}")
@@ -132,10 +134,10 @@ def elementwise_workload(op: str, numel: int, device: str | torch.device = "cpu"
     size, device = _element_size(dtype), torch.device(device)
 
     def prepare():
-        a, out = _random((numel,), device, dtype), _random((numel,), device, dtype)
+        a, out = torch.full((numel,), 0.5, device=device, dtype=DTYPES[dtype]), torch.empty(numel, device=device, dtype=DTYPES[dtype])
         if op == "relu":  # relu written as clamp_min, which can write into a tensor allocated once
             return lambda: torch.clamp_min(a, 0, out=out)
-        b = _random((numel,), device, dtype)
+        b = torch.full((numel,), -0.25, device=device, dtype=DTYPES[dtype])
         return lambda: torch.add(a, b, out=out)
 
     touched = 3 if op == "add" else 2
@@ -186,22 +188,23 @@ def attention_workload(batch: int, heads: int = 8, seq: int = 512, head_dim: int
 
 # Sizes that suit each kind of device: a GPU needs far more work per call than a CPU to show its roofs.
 DEFAULT_SIZES = {
-    "cpu": {"matmul_sizes": (64, 256, 1024), "elementwise_numel": 2**24, "conv_batch": 8, "attention_seq": 512},
-    "cuda": {"matmul_sizes": (256, 1024, 4096, 8192), "elementwise_numel": 2**26, "conv_batch": 64, "attention_seq": 2048},
-}
+    "cpu": {"matmul_sizes": (64, 256, 1024), "conv_batch": 8, "attention_seq": 512},
+    "cuda": {"matmul_sizes": (256, 1024, 4096, 8192), "conv_batch": 64, "attention_seq": 2048},
+}  # element-wise tensors: as large as the bandwidth arrays (``past_cache_mib``), so that memory, not a cache, serves them
 
 
 def default_workloads(device: str | torch.device = "cpu", dtype: str = "fp32", matmul_sizes: Sequence[int] | None = None,
                       elementwise_numel: int | None = None, conv_batch: int | None = None, attention_seq: int | None = None,
                       attention_batch: int = 4) -> list[Workload]:
     """Matmuls at ``matmul_sizes``, add and ReLU, one 3x3 convolution (64 -> 64 channels, 56x56) and one attention
-    (8 heads of 64); a size left None takes the device's default (``DEFAULT_SIZES``)."""
+    (8 heads of 64); a size left None takes the device's default (``DEFAULT_SIZES``; element-wise tensors of
+    ``past_cache_mib`` MiB)."""
     device = torch.device(device)
     defaults = DEFAULT_SIZES["cuda" if is_gpu(device) else "cpu"]
     matmul_sizes = defaults["matmul_sizes"] if matmul_sizes is None else matmul_sizes
     if not matmul_sizes:
         raise ValueError("matmul_sizes is empty: give at least one size, e.g. (64, 256, 1024), or None for the device's")
-    numel = defaults["elementwise_numel"] if elementwise_numel is None else elementwise_numel
+    numel = past_cache_mib(device) * 2**20 // _element_size(dtype) if elementwise_numel is None else elementwise_numel
     batch = defaults["conv_batch"] if conv_batch is None else conv_batch
     seq = defaults["attention_seq"] if attention_seq is None else attention_seq
     return [
@@ -245,13 +248,15 @@ def attainable_bandwidth(streams: Sequence[Workload], timings: Sequence["Timing"
     return max(w.bytes / t.fastest for w, t in zip(streams, timings))
 
 
-def measure_bandwidth(device: str | torch.device | None = None, mib: int = 256, min_run_time: float = 0.1, rounds: int = 3) -> float:
+def measure_bandwidth(device: str | torch.device | None = None, mib: int | None = None, min_run_time: float = 0.1,
+                      rounds: int = 3) -> float:
     """Memory bandwidth in bytes/s: the faster of a copy and an add over ``mib`` MiB arrays on ``device``.
 
-    Pick ``mib`` well past the last-level cache, or the figure is the cache's bandwidth, not memory's.
+    ``mib`` must lie well past the last-level cache, or the figure is the cache's bandwidth, not memory's; None
+    sizes it so (``past_cache_mib``).
     """
     device = pick_device(device)
-    streams = stream_workloads(mib, device)
+    streams = stream_workloads(mib or past_cache_mib(device), device)
     return attainable_bandwidth(streams, time_in_turns(streams, device, min_run_time, rounds))
 
 
@@ -349,9 +354,39 @@ def largest_cache(device: torch.device) -> int | None:
 
     try:
         levels = memory_levels(torch.device(device))[:-1]  # the last level is the memory itself
-    except (RuntimeError, OSError):
+    except (RuntimeError, OSError, AssertionError):  # AssertionError: a torch built without CUDA asked about a GPU
         return None
     return max((level.bytes for level in levels), default=None) or None
+
+
+def past_cache_mib(device: str | torch.device, at_least: int = 256, at_most: int = 1024) -> int:
+    """MiB per array for measuring memory bandwidth on ``device``: STREAM's rule, each array at least 4x the largest
+    cache, as a power of two from ``at_least`` to ``at_most``, and no more than a tenth of the memory free now (a
+    roofline holds several such arrays at once). ``at_least`` where the caches are unknown."""
+    device = torch.device(device)
+    cache, free = largest_cache(device), _free_bytes(device)
+    mib = at_least
+    while cache and mib * 2**20 < 4 * cache and mib < at_most:
+        mib *= 2
+    while mib > at_least and 10 * mib * 2**20 > free:
+        mib //= 2
+    return mib
+
+
+def _free_bytes(device: torch.device) -> float:
+    """Bytes free now on ``device`` (a GPU's memory, else the host's); unlimited for a GPU this machine lacks."""
+    if is_gpu(device):
+        return torch.cuda.mem_get_info(device)[0] if torch.cuda.is_available() else math.inf
+    return psutil.virtual_memory().available
+
+
+def cache_relation(nbytes: int, device: str | torch.device) -> str:
+    """How ``nbytes`` compares with the largest cache in front of ``device``'s memory, in words."""
+    cache = largest_cache(torch.device(device))
+    if not cache:
+        return "the caches' sizes are unknown here"
+    return f"{nbytes / cache:.1f}x the largest cache, {format_bytes(cache)}" + (
+        "" if nbytes >= 2 * cache else ": not far past it, so a cache may serve part of the traffic")
 
 
 class Roofline(Report):
@@ -397,10 +432,11 @@ class Roofline(Report):
             lines.append(f"Among the memory-bound ones, {fastest.name} moved data fastest: {fastest.achieved_bandwidth / 1e9:,.3g} GB/s "
                          f"against the roof's {self.bandwidth / 1e9:,.3g} GB/s. For them more arithmetic per byte would cost "
                          "nothing; fewer bytes (fusion, a smaller dtype) is what helps.")
-        best, worst = max(self.rows, key=lambda r: r.pct_of_roof), min(self.rows, key=lambda r: r.pct_of_roof)
-        if best is not worst:
-            lines.append(f"Closest to its roof: {best.name} at {_percent(best.pct_of_roof)}%; "
-                         f"furthest: {worst.name} at {_percent(worst.pct_of_roof)}%.")
+        below = [r for r in self.rows if r.pct_of_roof <= 100]
+        if len(below) > 1:  # points above their roof are read below ("At their roof", "Above their roof")
+            best, worst = max(below, key=lambda r: r.pct_of_roof), min(below, key=lambda r: r.pct_of_roof)
+            lines.append(f"Of those at or under their roof, closest to it: {best.name} at {_percent(best.pct_of_roof)}%; "
+                         f"furthest below it: {worst.name} at {_percent(worst.pct_of_roof)}%.")
         at = [r for r in self.rows if 100 < r.pct_of_roof <= 100 * (1 + self.at_roof)]
         if at:
             lines.append(f"At their roof: {', '.join(f'{r.name} ({_percent(r.pct_of_roof)}%)' for r in at)}: within {self.at_roof:.0%} above "
@@ -480,13 +516,13 @@ def _label_points(ax, points: Sequence[tuple[float, float, str]], ridge: float, 
 
 
 def measure_roofline(workloads: Sequence[Workload], device: str | torch.device | None = None, *, peak: float | None = None,
-                     bandwidth: float | None = None, bandwidth_mib: int = 256, min_run_time: float = 0.1,
+                     bandwidth: float | None = None, bandwidth_mib: int | None = None, min_run_time: float = 0.1,
                      rounds: int = 3) -> Roofline:
     """Time each workload on ``device`` (``time_in_turns``: helpers.timeit, in turns) and place it under the roofline.
 
     ``peak`` (FLOP/s) and ``bandwidth`` (bytes/s) default to what the kit knows of the device; a bandwidth it
-    does not know is measured with streaming kernels over ``bandwidth_mib`` MiB (``stream_workloads``), timed in
-    the same rounds as the operators.
+    does not know is measured with streaming kernels over ``bandwidth_mib`` MiB (``stream_workloads``; None:
+    ``past_cache_mib``), timed in the same rounds as the operators.
     Without a known peak the best measured rate stands in for it, and the notes say so.
     """
     if not workloads:
@@ -496,13 +532,15 @@ def measure_roofline(workloads: Sequence[Workload], device: str | torch.device |
         raise ValueError(f"the workloads mix dtypes {sorted(dtypes)}; one roofline is for one dtype: measure each apart")
     device, dtype = pick_device(device), dtypes.pop()
     roofs = device_roofs(device, dtype, peak, bandwidth)
+    bandwidth_mib = bandwidth_mib or past_cache_mib(device)
     streams = stream_workloads(bandwidth_mib, device) if roofs.bandwidth is None else []
     timings = time_in_turns([*workloads, *streams], device, min_run_time, rounds)
     note = disturbance_note({w.name: t for w, t in zip([*workloads, *streams], timings)}, device)
     if streams:  # timed in the same rounds as the operators, so both saw the machine in the same state
         stream_timings, timings = timings[len(workloads):], timings[:len(workloads)]
-        source = (f"measured: the faster of a copy and an add over {bandwidth_mib} MiB arrays on {device}, timed in turns "
-                  "with the operators, every byte read or written counted")
+        source = (f"measured: the faster of a copy and an add over {bandwidth_mib} MiB arrays on {device} "
+                  f"({cache_relation(bandwidth_mib * 2**20, device)}), timed in turns with the operators, every byte read "
+                  "or written counted")
         roofs = dataclasses.replace(roofs, bandwidth=attainable_bandwidth(streams, stream_timings), bandwidth_source=source)
         fastest_stream = max(zip(streams, stream_timings), key=lambda pair: pair[0].bytes / pair[1].fastest)[1]
         noise = fastest_stream.spread - 1  # how far the bandwidth kernel's median block sat above its fastest
@@ -583,7 +621,7 @@ def _load_average() -> float | None:
 
 def operator_roofline(device: str | torch.device | None = None, dtype: str = "fp32", matmul_sizes: Sequence[int] | None = None,
                       elementwise_numel: int | None = None, conv_batch: int | None = None, attention_seq: int | None = None,
-                      attention_batch: int = 4, bandwidth_mib: int = 256, min_run_time: float = 0.1, rounds: int = 3) -> Roofline:
+                      attention_batch: int = 4, bandwidth_mib: int | None = None, min_run_time: float = 0.1, rounds: int = 3) -> Roofline:
     """Measure the default operators (``default_workloads``; None: the device's sizes) on ``device`` against its roofline."""
     device = pick_device(device)
     workloads = default_workloads(device, dtype, matmul_sizes, elementwise_numel, conv_batch, attention_seq, attention_batch)

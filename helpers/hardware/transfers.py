@@ -44,11 +44,17 @@ def transfer_sweep(sizes_mib: Sequence[float] | None = None, device: str | torch
     Pinned (page-locked) memory lets the GPU's DMA engine read host memory
     directly; pageable memory is first staged through a pinned buffer by the
     driver. Host-to-host copy bandwidth is measured too, as a reference and as the
-    CPU side when there is no GPU.
+    CPU side when there is no GPU. The default sizes end past the CPU's largest cache
+    (``past_cache_mib``), so that the last one measures memory, not a cache.
     """
+    from helpers.hardware.roofline import past_cache_mib  # lazy: the roofline module imports more than copies need
+
     device = pick_device(device)
     notice = gpu_notice("host-to-device copying", device)
-    sizes_mib = sizes_mib or ((1, 4, 16, 64, 256) if is_gpu(device) else (1, 4, 16, 64))
+    if not sizes_mib:
+        past_cache = past_cache_mib("cpu")
+        sizes_mib = (1, 4, 16, 64, 256) if is_gpu(device) else (1, 4, 16, 64)
+        sizes_mib = sizes_mib if past_cache <= max(sizes_mib) else (*sizes_mib, past_cache)
     rows = []
     for mib in sizes_mib:
         nbytes = int(mib * 2**20)
