@@ -14,7 +14,7 @@ from helpers.core.lazy import lazy_exports
 logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
-    "helpers.core": ["BasicFCModel", "LeNet", "alexnet_2012", "models", "describe", "gpu_available", "launch",
+    "helpers.core": ["BasicFCModel", "LeNet", "alexnet_2012", "models", "describe", "gpu_available", "launch", "match_threads_to_load",
                      "peak_flops", "pick_device", "synchronize", "timeit", "make_MNIST_loader",
                      "make_encoded_MNIST", "train", "train_on_devices", "bytes_per_param",
                      "measure_training_memory", "profile_layer_mem", "profile_mem", "training_memory"],

@@ -70,6 +70,20 @@ def test_timing_beside_a_busy_program_uses_the_free_cores_and_the_table_says_so(
     assert not any(note.startswith(load.LOAD_NOTE) for note in Report([]).notes)  # taken once, by the table that follows
 
 
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two cores: one busy, one free")
+def test_a_lecture_lowers_torchs_threads_to_the_cores_a_busy_program_leaves_free(stranger):
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(os.cpu_count())
+        said = load.match_threads_to_load(sample_seconds=0.5)
+        assert torch.get_num_threads() <= os.cpu_count() - 1, said  # the stranger's core is left to it
+        assert f"not {os.cpu_count()}" in said and "other programs kept" in said
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_a_quiet_timing_leaves_no_note():
     load._seen.clear()
     load.record(0.1)

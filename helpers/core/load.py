@@ -49,6 +49,25 @@ class OtherLoad:
         self.cores = max(0.0, (busy - own) / wall) if wall > 0 else 0.0
 
 
+def match_threads_to_load(sample_seconds: float = 0.5) -> str:
+    """Lower torch's CPU threads to the cores other programs leave free now (at least one); a line saying what it set.
+
+    A parallel region waits at its barrier for its slowest thread, and a thread that has lost its core is slow by whole
+    time slices: with both cores of a 2-core machine kept busy by other programs, a lecture's training loops ran 15 to 50
+    times slower on 2 threads than alone. The sample is taken once, when this is called."""
+    import torch  # lazy: the rest of this module measures load without torch
+
+    with OtherLoad() as other:
+        time.sleep(sample_seconds)
+    wanted, cores = torch.get_num_threads(), os.cpu_count() or 1
+    threads = max(1, min(wanted, cores - round(other.cores)))
+    torch.set_num_threads(threads)
+    if threads < wanted:
+        return (f"torch runs on {threads} CPU thread(s), not {wanted}: other programs kept about {other.cores:.1f} of this "
+                f"machine's {cores} cores busy")
+    return f"torch runs on {threads} CPU thread(s): other programs kept {other.cores:.1f} of this machine's {cores} cores busy"
+
+
 def record(cores: float) -> None:
     """Note that a timing ran while other programs kept ``cores`` cores busy (``timeit`` calls this)."""
     _seen.append(cores)
