@@ -101,7 +101,8 @@ class RecomputeCost(Report):
                     "forward (saved-tensor hooks, the RNG state saved and restored, a second autograd graph). Such fixed per-call "
                     "costs weigh most when the blocks are small, or when launching operations, not arithmetic, sets their time.")
         return (f"{rule}{measured}, {direction} ({floor}): recomputing inside backward was cheaper than the forward timed alone "
-                "(its inputs are still in cache, and its intermediates are freed group by group, so it allocates less).")
+                "(a likely cause, not measured here: its inputs are still in cache, and its intermediates are freed group by group, so it "
+                "allocates less).")
 
 
 def recompute_cost(model: nn.Module, wrap: Callable[[nn.Module, int], nn.Module], batch_size: int = 8, every: int = 1,

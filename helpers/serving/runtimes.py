@@ -20,7 +20,7 @@ class RuntimePoint:
     latency: float = column("latency", format_seconds)
     per_input: float = column("per input", format_seconds)
     speedup: float = column("vs eager", ".2f")
-    iqr: float = column("latency IQR", format_seconds, default=0.0)  # interquartile range of the timed blocks: how far a reading moves
+    iqr: float | None = column("latency IQR", format_seconds, default=None)  # interquartile range of the timed blocks; None under MIN_BLOCKS
     blocks: int = column("blocks", default=0)  # timed blocks behind the median and IQR: under 4, the IQR says nothing
 
 
@@ -68,6 +68,10 @@ def runtime_latency(model: nn.Module, sessions: dict[str, object], pixels: torch
                     if name == "eager PyTorch":
                         eager_latency[batch] = latency
                     rows.append(RuntimePoint(name, n_threads, batch, latency, latency / batch, eager_latency[batch] / latency,
-                                             measured.iqr, len(measured.times)))
-    return RuntimeLatency(rows, [f"Median of torch.utils.benchmark blocks (at least {min_run_time:g} s each), "
-                                 "inference only, the same held-out images for every runtime; latency IQR: the spread of those blocks' readings (none with under 4 blocks)."])
+                                             measured.iqr if len(measured.times) >= MIN_BLOCKS else None, len(measured.times)))
+    return RuntimeLatency(rows, [f"Median of torch.utils.benchmark's timed blocks (at least {min_run_time:g} s of blocks per reading), "
+                                 "inference only, the same held-out images for every runtime; latency IQR: the spread of those "
+                                 f"blocks, n/a under {MIN_BLOCKS} blocks."])
+
+
+MIN_BLOCKS = 4  # timed blocks below which a reading's IQR says nothing about its spread

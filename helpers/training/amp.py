@@ -120,10 +120,12 @@ class AmpComparison(Report):
                    f"this CPU has no {low} instructions the kit knows of")
         elif not self.native_low:
             why = f"{self.device} has no native {low} arithmetic (its compute capability), so the 16-bit products are converted back to fp32 work"
+        elif is_gpu(self.device):
+            why = ("a likely cause on a GPU, not measured here: the step's products are too small to keep the 16-bit units busy, "
+                   "so kernel launches and memory traffic set its time (Lecture 5b), and autocast adds casts of its own")
         else:
-            why = ("the step's products are too small to keep the 16-bit units busy: it is bound by kernel launches and "
-                   "memory traffic (Lecture 5b), and autocast adds casts of its own; on wider layers "
-                   "(compute_bound_width) the speed-up appears")
+            why = (f"this CPU's flags list {low} instructions, yet the step was not faster; the cause was not measured here "
+                   "(autocast's casts, and kernels that do not use those instructions, are candidates)")
         timing = f"at fp32's speed ({speedup:.2f}x)" if speedup > 1 / SAME_SPEED else f"slower than fp32 ({1 / speedup:.2f}x its time)"
         return f"AMP ran the step {timing} on {self.device}: {why}. Its gain here is the activation memory."
 

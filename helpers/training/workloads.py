@@ -47,7 +47,7 @@ def make_compute_bound(device: torch.device, n: int | None = None) -> Program:
         with torch.autocast(device.type, dtype=DTYPES[faster]):
             return step()
 
-    fix = f"{faster} autocast (faster arithmetic)" if faster else "none here: no faster format on this hardware"
+    fix = f"{faster} autocast (cheaper arithmetic where the hardware has it)" if faster else "none here: no faster format on this hardware"
     return Program("compute bound: three large matmuls", "compute bound", step, fixed, fix)
 
 
