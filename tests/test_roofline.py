@@ -156,7 +156,8 @@ def test_bandwidth_arrays_are_sized_past_the_largest_cache_within_bounds_and_fre
 
     cache = largest_cache(torch.device("cpu"))
     mib = past_cache_mib("cpu")
-    assert mib in (256, 512, 1024) and (cache is None or mib * 2**20 >= 4 * cache or mib == 1024)
+    free = roofline._free_bytes(torch.device("cpu"))
+    assert mib in (256, 512, 1024) and (cache is None or mib * 2**20 >= 4 * cache or mib == 1024 or 20 * mib * 2**20 > free)
     monkeypatch.setattr(roofline, "largest_cache", lambda device: 260 * 2**20)  # a server's L3
     monkeypatch.setattr(roofline, "_free_bytes", lambda device: 64 * 2**30)  # and 64 GiB free
     assert past_cache_mib("cpu", at_most=4096) == 2048  # the power of two at or past 4 x 260 MiB
