@@ -11,6 +11,8 @@ from helpers.core.device import cpu_threads
 from helpers.core.report import Report, column, format_seconds
 from helpers.core.timing import timeit
 
+MIN_BLOCKS = 4  # timed blocks below which a reading's IQR says nothing about its spread
+
 
 @dataclass
 class RuntimePoint:
@@ -21,7 +23,7 @@ class RuntimePoint:
     per_input: float = column("per input", format_seconds)
     speedup: float = column("vs eager", ".2f")
     iqr: float | None = column("latency IQR", format_seconds, default=None)  # interquartile range of the timed blocks; None under MIN_BLOCKS
-    blocks: int = column("blocks", default=0)  # timed blocks behind the median and IQR: under 4, the IQR says nothing
+    blocks: int = column("blocks", default=0)  # timed blocks behind the median and IQR
 
 
 class RuntimeLatency(Report):
@@ -72,6 +74,3 @@ def runtime_latency(model: nn.Module, sessions: dict[str, object], pixels: torch
     return RuntimeLatency(rows, [f"Median of torch.utils.benchmark's timed blocks (at least {min_run_time:g} s of blocks per reading), "
                                  "inference only, the same held-out images for every runtime; latency IQR: the spread of those "
                                  f"blocks, n/a under {MIN_BLOCKS} blocks."])
-
-
-MIN_BLOCKS = 4  # timed blocks below which a reading's IQR says nothing about its spread
