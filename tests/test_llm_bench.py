@@ -171,3 +171,22 @@ def test_every_system_gives_the_same_greedy_answers_under_the_same_arrivals(smol
         assert all(0 < len(t.tokens) <= r.max_tokens and t.ttft > 0 for t, r in zip(timelines, work))
         answers[name] = [t.tokens for t in timelines]
     assert answers["continuous"] == answers["static"] == answers["transformers B=2"]
+
+
+def test_every_timed_section_of_the_llm_bench_runs_off_the_main_thread():
+    """A section that computed on the main thread would leave an OpenMP team there for good, and every serving thread
+    after it would run slower (helpers.core.load.in_fresh_thread)."""
+    import threading
+
+    from helpers.core.report import Report
+    from tests.bench.bench_llm import timed
+
+    where = []
+
+    def section():
+        where.append(threading.current_thread() is threading.main_thread())
+        return Report([], [])
+
+    report = timed(section)
+    assert where == [False]
+    assert report.notes[0].startswith("Measured in")

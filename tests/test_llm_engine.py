@@ -257,3 +257,37 @@ def test_a_lectures_cells_replace_the_engines_definitions_by_name_only():
         use_definitions(ngram_draft=original)
     with pytest.raises(ValueError, match="no replaceable definition named \\['schedule'\\]"):
         use_definitions(schedule=len)
+
+
+# Building an engine computes nothing: the thread that builds it (here the main one) starts no OpenMP team, and the KV
+# cache is zeroed by the thread that steps (helpers.core.load.in_fresh_thread says why that matters).
+BUILT_ELSEWHERE = """
+import os, threading, time, torch
+from helpers.serving.llama import load_llm
+from helpers.serving.llm_engine import Engine
+torch.set_num_threads(2)
+threads = lambda: len(os.listdir("/proc/self/task"))
+engine = Engine(load_llm(), num_blocks=256)
+before = threads()
+built = engine._kv is None
+request = engine.add([1, 2, 3], 2)
+stepper = threading.Thread(target=lambda: [engine.step() for _ in range(3)])
+stepper.start()
+stepper.join()
+for _ in range(50):  # a finished thread's team leaves a moment later
+    if threads() <= before:
+        break
+    time.sleep(0.1)
+print(built, threads() == before, len(request.output), engine.k_cache.shape[1])
+"""
+
+
+def test_building_an_engine_starts_no_openmp_team_and_the_stepping_thread_zeroes_the_cache():
+    import os
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", BUILT_ELSEWHERE], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "OMP_NUM_THREADS": "2"})
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split() == ["True", "True", "2", str(256 * 16)]

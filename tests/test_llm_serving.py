@@ -364,3 +364,28 @@ def test_sigterm_drains_requests_in_flight_then_exits_cleanly(small_server):
     assert "".join(pieces) == expected["choices"][0]["text"] and finish == expected["choices"][0]["finish_reason"]
     assert small_server.process.wait(timeout=20) == 0
     assert "server stopped" in small_server.log_tail()
+
+
+def test_the_server_builds_its_engine_off_the_main_thread(monkeypatch):
+    """A parallel region on the main thread would leave an OpenMP team there for good, and the engine's own thread then
+    decoded at half speed on 2 cores (helpers.core.load.in_fresh_thread); main() builds off the main thread."""
+    import threading
+
+    import prometheus_client
+
+    from helpers.serving import llm_server
+
+    class Built(Exception):
+        """Stops main() once it has built the engine, before it serves."""
+
+    seen = []
+
+    def build_engine(args, device):
+        seen.append(threading.current_thread() is threading.main_thread())
+        raise Built
+
+    monkeypatch.setattr(llm_server, "build_engine", build_engine)
+    monkeypatch.setattr(prometheus_client, "disable_created_metrics", lambda: None)
+    with pytest.raises(Built):
+        llm_server.main(["--device", "cpu"])
+    assert seen == [False]

@@ -90,3 +90,74 @@ def test_a_quiet_timing_leaves_no_note():
     assert load.take_load_note() is None and load._seen == []
     load.record(1.2)
     assert "1.2 of this machine's" in load.take_load_note()
+
+
+def test_in_fresh_thread_returns_the_result_and_raises_the_error_of_work_run_off_the_main_thread():
+    import threading
+
+    assert load.in_fresh_thread(lambda: threading.current_thread() is threading.main_thread()) is False
+    with pytest.raises(KeyError, match="missing"):
+        load.in_fresh_thread(lambda: {}["missing"])
+
+
+# A parallel region leaves an OpenMP team (worker threads) on the thread that started it, for as long as that thread
+# lives: in the main thread for good, in a fresh thread only until it ends.
+OPENMP_TEAMS = """
+import os, time, torch
+from helpers.core.load import in_fresh_thread
+torch.set_num_threads(2)
+threads = lambda: len(os.listdir("/proc/self/task"))
+a = torch.randn(512, 512)
+before = threads()
+in_fresh_thread(lambda: [a @ a for _ in range(20)])
+for _ in range(50):  # a finished thread's team leaves a moment later
+    if threads() <= before:
+        break
+    time.sleep(0.1)
+after_fresh = threads()
+[a @ a for _ in range(20)]
+print(before, after_fresh, threads())
+"""
+
+
+def test_a_fresh_thread_s_openmp_team_ends_with_it_and_the_main_thread_s_stays():
+    run = subprocess.run([sys.executable, "-c", OPENMP_TEAMS], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "OMP_NUM_THREADS": "2"})
+    assert run.returncode == 0, run.stderr
+    before, after_fresh, after_main = map(int, run.stdout.split())
+    assert after_fresh == before          # the fresh thread's team went with it
+    assert after_main > before            # the main thread's team stays: what in_fresh_thread keeps benchmarks from
+
+
+# torch.set_num_threads sets the calling thread's OpenMP: a new thread would start with OpenMP's default instead.
+KEPT_THREADS = """
+import os, threading, time, torch
+from helpers.core.load import in_fresh_thread
+torch.set_num_threads(1)
+threads = lambda: len(os.listdir("/proc/self/task"))
+a = torch.randn(1024, 1024)
+
+def workers_added():  # an OpenMP team's workers live as long as this thread
+    before = threads()
+    [a @ a for _ in range(5)]     # MKL's matmul threads by the calling thread's OpenMP setting
+    return threads() - before
+
+start = threads()
+plain = threading.Thread(target=lambda: print(workers_added()))
+plain.start()
+plain.join()
+for _ in range(50):  # a finished thread's team leaves a moment later
+    if threads() <= start:
+        break
+    time.sleep(0.1)
+print(in_fresh_thread(workers_added))
+"""
+
+
+def test_a_fresh_thread_keeps_the_thread_count_torch_was_given():
+    run = subprocess.run([sys.executable, "-c", KEPT_THREADS], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"})
+    assert run.returncode == 0, run.stderr
+    plain, kept = map(int, run.stdout.split())
+    assert plain >= 1       # a plain thread ran OpenMP's default of 2 threads, not the 1 torch was given
+    assert kept == 0        # in_fresh_thread keeps torch's 1: no team at all

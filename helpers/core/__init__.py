@@ -9,7 +9,7 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     ".device": ["cpu_clock_ghz", "cpu_flags", "cpu_fp32_flops_per_cycle", "describe", "gpu_available", "peak_flops", "pick_device",
                 "synchronize"],
     ".timing": ["Measurement", "range_verdict", "time_interleaved", "time_once", "timeit"],
-    ".load": ["LOAD_NOTE", "OtherLoad", "match_threads_to_load", "take_load_note"],
+    ".load": ["LOAD_NOTE", "OtherLoad", "in_fresh_thread", "keep_torch_threads", "match_threads_to_load", "take_load_note"],
     ".workers": ["WorkerError", "WorkerTimeout", "launch"],
     ".models": ["BasicFCModel", "LeNet", "alexnet_2012", "count_parameters", "transformer_lm"],
     ".data": ["load_digits", "make_MNIST_loader", "make_encoded_MNIST"],

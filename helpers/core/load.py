@@ -68,6 +68,45 @@ def match_threads_to_load(sample_seconds: float = 0.5) -> str:
     return f"torch runs on {threads} CPU thread(s): other programs kept {other.cores:.1f} of this machine's {cores} cores busy"
 
 
+def keep_torch_threads() -> None:
+    """Give the calling thread torch's CPU thread count. ``torch.set_num_threads`` sets it for the thread that calls it:
+    another thread's OpenMP starts with its default (every core), so a thread a server or benchmark starts calls this
+    first, and a count set by ``--threads`` or ``match_threads_to_load`` holds there too."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is not None:  # a thread of a program without torch has nothing to keep
+        torch.set_num_threads(torch.get_num_threads())
+
+
+def in_fresh_thread(work):
+    """``work()`` run in a new thread, joined; its result (or its exception, raised here).
+
+    With GNU OpenMP (torch's CPU threads on Linux) every thread that starts a parallel region keeps a team of workers
+    for as long as it lives, and once the process holds more such workers than the machine has cores, every team stops
+    spinning at its barriers and sleeps instead. On 2 cores a thread's matmuls then ran 1.5x slower, and the kit's
+    engine stepping in a server thread 1.6x slower, as soon as the main thread had computed anything. A measurement
+    that runs its systems in threads of their own (a serving engine, a batching server) therefore runs from a fresh
+    thread, never the main one: the thread's team ends with it, and the next measurement starts alike."""
+    import threading
+
+    outcome: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            keep_torch_threads()
+            outcome["result"] = work()
+        except BaseException as error:  # handed to the caller's thread, with its traceback
+            outcome["error"] = error
+
+    thread = threading.Thread(target=run, name="measurement")
+    thread.start()
+    thread.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome.get("result")
+
+
 def record(cores: float) -> None:
     """Note that a timing ran while other programs kept ``cores`` cores busy (``timeit`` calls this)."""
     _seen.append(cores)

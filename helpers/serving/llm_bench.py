@@ -33,6 +33,7 @@ from typing import AsyncIterator, Callable, Sequence
 
 import numpy as np
 
+from helpers.core.load import keep_torch_threads
 from helpers.core.report import Report, column, format_seconds
 from helpers.serving.open_loop import poisson_schedule
 
@@ -289,6 +290,7 @@ class _ThreadedServer:
             yield item
 
     def _loop(self) -> None:
+        keep_torch_threads()  # the count the process set, not OpenMP's default for a new thread
         while True:
             with self._wake:
                 self._wake.wait_for(lambda: self._queue or self._stopped)

@@ -26,6 +26,7 @@ from typing import AsyncIterator, Callable
 
 import torch
 
+from helpers.core.load import keep_torch_threads
 from helpers.serving.llama import Batch, Llama
 
 SCHEDULERS = ("continuous", "static")
@@ -229,15 +230,35 @@ class Engine:
         self.context = config.context
         self.pool = BlockPool(num_blocks)
         # keys and values of every layer: (layers, slots, kv_heads, head_dim); slot = block * block_size + offset
-        self.k_cache = torch.zeros(config.layers, num_blocks * block_size, config.kv_heads, config.head_dim,
-                                   dtype=weight.dtype, device=weight.device)
-        self.v_cache = torch.zeros_like(self.k_cache)
+        self._kv_shape = (config.layers, num_blocks * block_size, config.kv_heads, config.head_dim)
+        self._kv: tuple[torch.Tensor, torch.Tensor] | None = None   # made at first use: see k_cache
         self.device = weight.device
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.inbox: deque[tuple[str, Request]] = deque()    # adds and aborts from other threads, applied at each step
         self.stats = EngineStats()
         self._ids = itertools.count()
+
+    @property
+    def k_cache(self) -> torch.Tensor:
+        """Every layer's keys, (layers, slots, kv_heads, head_dim), zeroed at first use, which is normally the first step.
+
+        Zeroing is a parallel region, and a thread that runs one keeps an OpenMP team as long as it lives; the engine's
+        stepping thread then ran at half speed on 2 cores (helpers.core.load.in_fresh_thread). Made here, the cache is
+        zeroed by the thread that steps, whichever thread built the engine."""
+        return self._caches()[0]
+
+    @property
+    def v_cache(self) -> torch.Tensor:
+        """Every layer's values, shaped as ``k_cache``."""
+        return self._caches()[1]
+
+    def _caches(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._kv is None:
+            weight = self.model.embed.weight
+            keys = torch.zeros(self._kv_shape, dtype=weight.dtype, device=weight.device)
+            self._kv = keys, torch.zeros_like(keys)
+        return self._kv
 
     # --- requests in -------------------------------------------------------------------------------------------
     @property
@@ -500,6 +521,7 @@ class AsyncEngine:
         return self._thread.is_alive() and not self._stopped
 
     def _loop(self) -> None:
+        keep_torch_threads()  # the count the process set, not OpenMP's default for a new thread
         while not self._stopped:
             if self.engine.has_work():
                 try:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import helpers  # noqa: F401  (quietens torch's import-time warnings)
 from helpers.core.device import describe
+from helpers.core.load import in_fresh_thread
 
 from . import BenchResult, TargetTable
 
@@ -46,7 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.only or names:
         start = time.perf_counter()
         try:
-            result: BenchResult = importlib.import_module(f"tests.bench.bench_{name}").run(quick=args.quick)
+            module = importlib.import_module(f"tests.bench.bench_{name}")
+            # each in a thread of its own: an OpenMP team the previous one left on the main thread would slow every
+            # thread this one starts (in_fresh_thread says why)
+            result: BenchResult = in_fresh_thread(lambda: module.run(quick=args.quick))
         except Exception:  # noqa: BLE001 - one benchmark that breaks is reported; the others still run
             error = traceback.format_exc()
             print(f"[{name}: crashed]\n{error}", file=sys.stderr)
