@@ -141,14 +141,15 @@ def _run_pool(pool, fn, args, tasks: int) -> float:
 def gil_demo(workloads: dict[str, tuple[Callable, tuple]], tasks: int | None = None, repeats: int = 3) -> GilDemo:
     """Run ``tasks`` equal tasks (default: one per core) serially, on threads and on processes, for each ``{name: (fn, args)}``.
 
-    torch gets one intra-op thread in every thread and process, so that only the pool provides parallelism. The three
+    torch gets one intra-op thread in every thread and process, so that only the pool provides parallelism (each pool
+    thread is given it: ``torch.set_num_threads`` holds only in the thread that calls it). The three
     ways take turns ``repeats`` times; each row gives the fastest and the slowest time, the speedup from the fastest.
     """
     tasks = tasks or max(2, available_cores())
     rows = []
     with cpu_threads(1), load.OtherLoad() as other:
-        with ThreadPoolExecutor(tasks) as threads, ProcessPoolExecutor(tasks, mp_context=worker_context(), initializer=torch.set_num_threads,
-                                                                       initargs=(1,)) as processes:
+        with ThreadPoolExecutor(tasks, initializer=load.keep_torch_threads) as threads, \
+                ProcessPoolExecutor(tasks, mp_context=worker_context(), initializer=torch.set_num_threads, initargs=(1,)) as processes:
             list(processes.map(_nothing_arg, range(tasks)))  # start the processes before timing
             for name, (fn, args) in workloads.items():
                 fn(*args)  # warm-up
@@ -284,7 +285,7 @@ class _ThreadedLoader:
     """Batches whose items are decoded by a pool of threads (what a loader built on threads would do)."""
 
     def __init__(self, dataset: Dataset, batch_size: int, threads: int):
-        self.dataset, self.batch_size, self.pool = dataset, batch_size, ThreadPoolExecutor(threads)
+        self.dataset, self.batch_size, self.pool = dataset, batch_size, ThreadPoolExecutor(threads, initializer=load.keep_torch_threads)
 
     def __iter__(self):
         for start in range(0, len(self.dataset), self.batch_size):
