@@ -16,6 +16,7 @@ from typing import Callable
 import grpc
 import torch
 
+from helpers.core.load import keep_torch_threads
 from helpers.core.paths import build_dir
 from helpers.serving.model import INPUTS
 
@@ -63,7 +64,8 @@ def serve_grpc(predict: Callable[[torch.Tensor], list[int]], port: int, host: st
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, "pixel values must lie in 0..1 (and not be NaN)")
             return pb2.PredictReply(predictions=predict(pixels))
 
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads))
+    # each handler thread takes the process's torch thread count (set_num_threads holds only in the thread that calls it)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads, initializer=keep_torch_threads))
     pb2_grpc.add_DigitClassifierServicer_to_server(DigitClassifier(), server)
     if server.add_insecure_port(f"{host}:{port}") == 0:
         raise OSError(f"gRPC could not listen on {host}:{port}: is the port taken?")
