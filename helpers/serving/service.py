@@ -21,6 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from pydantic import Field, TypeAdapter, ValidationError
 from torch import nn
 
+from helpers.core.load import keep_torch_threads
 from helpers.mlops import watch_inputs
 from helpers.serving.model import INPUTS
 
@@ -73,6 +74,7 @@ def create_app(model: nn.Module, *, threads: int = 1, registry: CollectorRegistr
     limiter = anyio.CapacityLimiter(threads)
 
     def predict_digits(pixels: torch.Tensor) -> list[int]:
+        keep_torch_threads()  # a worker thread of anyio's: torch's thread count holds only where it was set
         with torch.inference_mode():
             return model(pixels).argmax(1).tolist()
 
