@@ -188,8 +188,11 @@ def test_a_suite_stopped_at_the_budget_still_reports_the_tests_it_ran(tmp_path):
 
     (tmp_path / "test_slow.py").write_text("import time\n\ndef test_quick():\n    assert True\n\ndef test_wrong():\n    assert 1 == 2\n\n"
                                           "def test_endless():\n    time.sleep(600)\n")
-    # 20 s: pytest's start-up alone took over 10 s on a loaded 2-core machine, and then nothing had run yet
-    rows, tail = runs.run_tests([str(tmp_path / "test_slow.py")], tmp_path, timeout=20, name="stopped")
+    # the budget: twice pytest's start-up as measured here now (over 10 s on a loaded 2-core machine), plus 3 s
+    start = time.perf_counter()
+    runs.run_tests([str(tmp_path / "test_slow.py"), "--collect-only"], tmp_path, timeout=120, name="collected")
+    budget = 2 * (time.perf_counter() - start) + 3
+    rows, tail = runs.run_tests([str(tmp_path / "test_slow.py")], tmp_path, timeout=budget, name="stopped")
     outcomes = {r.test.rsplit("::", 1)[-1]: r.outcome for r in rows}
     assert outcomes.get("test_quick") == "passed" and outcomes.get("test_wrong") == "failed", (outcomes, tail)
     assert "ran past the check's time budget" in (tmp_path / "stopped.log").read_text()

@@ -7,6 +7,7 @@ import shutil
 import pytest
 import torch
 
+from helpers.core.paths import MODEL_CACHE_ENV
 from helpers.serving import smollm
 from helpers.serving.llama import Batch, load_llm
 from helpers.serving.llm_engine import Engine
@@ -98,12 +99,16 @@ def test_the_tokenizer_reads_text_as_transformers_does(tokenizer):
         assert tokenizer.decode(ids, skip_special_tokens=False) == text
 
 
-def test_the_cache_loads_in_seconds_and_a_damaged_one_is_rebuilt(tmp_path, monkeypatch):
+def test_a_damaged_cache_is_rebuilt_equal_to_a_good_one(tmp_path, monkeypatch):
+    tensors, config, cache = smollm.cached_weights()                  # the cache every LLM test reads (built once)
+    assert config.kv_heads == 3 and config.heads == 9
     monkeypatch.setenv("EDL_BUILD_DIR", str(tmp_path))
-    tensors, config, cache = smollm.cached_weights()
-    assert cache.parent == tmp_path / "models" and config.kv_heads == 3 and config.heads == 9
-    cache.write_bytes(cache.read_bytes()[:1000])                      # an interrupted copy
-    again, _, _ = smollm.cached_weights()
+    monkeypatch.delenv(MODEL_CACHE_ENV, raising=False)
+    damaged = tmp_path / "models" / cache.name
+    damaged.parent.mkdir(parents=True)
+    damaged.write_bytes(cache.read_bytes()[:1000])                    # an interrupted copy
+    again, _, rebuilt = smollm.cached_weights()
+    assert rebuilt == damaged and rebuilt.stat().st_size == cache.stat().st_size
     assert all(torch.equal(again[name], tensors[name]) for name in ("embed.weight", "layers.29.mlp.down.weight"))
 
 
