@@ -262,11 +262,11 @@ def test_a_lectures_cells_replace_the_engines_definitions_by_name_only():
 # Building an engine computes nothing: the thread that builds it (here the main one) starts no OpenMP team, and the KV
 # cache is zeroed by the thread that steps (helpers.core.load.in_fresh_thread says why that matters).
 BUILT_ELSEWHERE = """
-import os, threading, time, torch
+import threading, torch
 from helpers.serving.llama import load_llm
 from helpers.serving.llm_engine import Engine
+from tests.openmp_probe import settle, threads
 torch.set_num_threads(2)
-threads = lambda: len(os.listdir("/proc/self/task"))
 engine = Engine(load_llm(), num_blocks=256)
 before = threads()
 built = engine._kv is None
@@ -274,11 +274,7 @@ request = engine.add([1, 2, 3], 2)
 stepper = threading.Thread(target=lambda: [engine.step() for _ in range(3)])
 stepper.start()
 stepper.join()
-for _ in range(50):  # a finished thread's team leaves a moment later
-    if threads() <= before:
-        break
-    time.sleep(0.1)
-print(built, threads() == before, len(request.output), engine.k_cache.shape[1])
+print(built, settle(before) == before, len(request.output), engine.k_cache.shape[1])
 """
 
 

@@ -103,18 +103,14 @@ def test_in_fresh_thread_returns_the_result_and_raises_the_error_of_work_run_off
 # A parallel region leaves an OpenMP team (worker threads) on the thread that started it, for as long as that thread
 # lives: in the main thread for good, in a fresh thread only until it ends.
 OPENMP_TEAMS = """
-import os, time, torch
+import torch
 from helpers.core.load import in_fresh_thread
+from tests.openmp_probe import settle, threads
 torch.set_num_threads(2)
-threads = lambda: len(os.listdir("/proc/self/task"))
 a = torch.randn(512, 512)
 before = threads()
 in_fresh_thread(lambda: [a @ a for _ in range(20)])
-for _ in range(50):  # a finished thread's team leaves a moment later
-    if threads() <= before:
-        break
-    time.sleep(0.1)
-after_fresh = threads()
+after_fresh = settle(before)
 [a @ a for _ in range(20)]
 print(before, after_fresh, threads())
 """
@@ -131,10 +127,10 @@ def test_a_fresh_thread_s_openmp_team_ends_with_it_and_the_main_thread_s_stays()
 
 # torch.set_num_threads sets the calling thread's OpenMP: a new thread would start with OpenMP's default instead.
 KEPT_THREADS = """
-import os, threading, time, torch
+import threading, torch
 from helpers.core.load import in_fresh_thread
+from tests.openmp_probe import settle, threads
 torch.set_num_threads(1)
-threads = lambda: len(os.listdir("/proc/self/task"))
 a = torch.randn(1024, 1024)
 
 def workers_added():  # an OpenMP team's workers live as long as this thread
@@ -146,10 +142,7 @@ start = threads()
 plain = threading.Thread(target=lambda: print(workers_added()))
 plain.start()
 plain.join()
-for _ in range(50):  # a finished thread's team leaves a moment later
-    if threads() <= start:
-        break
-    time.sleep(0.1)
+settle(start)
 print(in_fresh_thread(workers_added))
 """
 
