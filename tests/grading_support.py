@@ -12,7 +12,7 @@ from pathlib import Path
 import nbformat
 
 from helpers.course import assignments
-from helpers.course.autograde import SEED_NAME
+from helpers.course.autograde import SEED_NAME, STUDENT_NAME
 
 ROOT = Path(__file__).resolve().parents[1]
 COURSE_FILES = ("nbgrader_config.py", "roster.csv")
@@ -77,15 +77,17 @@ class ErrorRun:
 
 
 TEST_GRADING_SEED = 20261128  # the hidden tests' GRADING_SEED where a test runs a source notebook outside the grader
+TEST_GRADING_STUDENT = "ada"  # and their GRADING_STUDENT
 
 
-def execute_allowing_errors(path: Path, output: Path, timeout: int = 600) -> ErrorRun:
-    """Execute ``path`` with papermill, continuing past failing cells, in the notebook's own folder."""
+def execute_allowing_errors(path: Path, output: Path, timeout: int = 600, student: str = TEST_GRADING_STUDENT) -> ErrorRun:
+    """Execute ``path`` with papermill, continuing past failing cells, in the notebook's own folder (hidden tests graded
+    as ``student``'s)."""
     import papermill
     from papermill.exceptions import PapermillExecutionError
 
     try:
-        papermill.execute_notebook(str(path), str(output), parameters={SEED_NAME: TEST_GRADING_SEED}, cwd=str(path.parent), progress_bar=False,
+        papermill.execute_notebook(str(path), str(output), parameters={SEED_NAME: TEST_GRADING_SEED, STUDENT_NAME: student}, cwd=str(path.parent), progress_bar=False,
                                    execution_timeout=timeout, allow_errors=True)
     except PapermillExecutionError:
         pass  # papermill reports the first error after running every cell; we look at all of them below

@@ -418,7 +418,8 @@ def test_a_failed_hidden_test_shows_the_instructors_message_and_never_the_studen
 
 
 def test_the_hidden_part_alone_gets_a_seed_per_student_and_cell_that_a_regrade_repeats():
-    """GRADING_SEED: an HMAC of (assignment, notebook, cell, student) keyed by the hidden tests' digest, never the clock."""
+    """GRADING_SEED: an HMAC of (assignment, notebook, cell, student) keyed by the hidden tests' digest, never the clock;
+    GRADING_STUDENT beside it, the roster id graded."""
     from helpers.course import autograde
 
     trusted = autograde.TrustedAssignment("hw", [], {}, 1.0, "f", secret=b"digest of the hidden tests")
@@ -427,9 +428,12 @@ def test_the_hidden_part_alone_gets_a_seed_per_student_and_cell_that_a_regrade_r
     others = {autograde.grading_seed(trusted, "part1", "task1_test", "bob"), autograde.grading_seed(trusted, "part1", "task2_test", "alice"),
               autograde.grading_seed(dataclasses.replace(trusted, secret=b"other hidden tests"), "part1", "task1_test", "alice")}
     assert seed not in others and len(others) == 3
-    hidden_right, hidden_wrong = (autograde.seeded(f"assert GRADING_SEED == {value}", seed) for value in (seed, seed + 1))
-    cells = [{"index": 0, "role": "test", "source": "assert 'GRADING_SEED' not in globals()", "hidden": len(hidden_right.encode())},
-             {"index": 1, "role": "test", "source": "assert 'GRADING_SEED' not in globals()", "hidden": len(hidden_wrong.encode())}]
+    hidden_right, hidden_wrong = (autograde.seeded(f"assert GRADING_SEED == {value} and GRADING_STUDENT == 'alice'", seed, "alice")
+                                  for value in (seed, seed + 1))
+    assert hidden_right.count("\n") == 1, "the seed and the student id take one line: hidden tests' line numbers stay"
+    visible = "assert 'GRADING_SEED' not in globals() and 'GRADING_STUDENT' not in globals()"
+    cells = [{"index": 0, "role": "test", "source": visible, "hidden": len(hidden_right.encode())},
+             {"index": 1, "role": "test", "source": visible, "hidden": len(hidden_wrong.encode())}]
     run = sandbox.run_notebook({}, {"cells": cells}, sandbox.Limits(cell_s=60), time.monotonic() + 120, hidden={0: hidden_right, 1: hidden_wrong})
     assert "error" not in run.cells[0].outcome and "error" not in run.cells[1].outcome  # the visible parts never see it
     assert run.cells[0].hidden["passed"] and not run.cells[1].hidden["passed"], (run.cells[0].hidden, run.cells[1].hidden)

@@ -161,9 +161,10 @@ def grading_seed(trusted: TrustedAssignment, notebook: str, grade_id: str, stude
     return int.from_bytes(hmac.new(trusted.secret, message, hashlib.sha256).digest()[:8], "big") >> 2  # < 2**62
 
 
-def seeded(hidden: str, seed: int) -> str:
-    """A hidden part as the sandbox receives it: ``GRADING_SEED`` defined first, for the tests' random choices."""
-    return f"{SEED_NAME} = {seed}\n{hidden}"
+def seeded(hidden: str, seed: int, student: str = "") -> str:
+    """A hidden part as the sandbox receives it: ``GRADING_SEED`` defined first, for the tests' random choices, and
+    ``GRADING_STUDENT``, the roster id graded (for tests of work that differs per student), on the same line."""
+    return f"{SEED_NAME} = {seed}; {STUDENT_NAME} = {student!r}\n{hidden}"
 
 
 # ---------------------------------------------------------------- 1. rebuild
@@ -265,7 +266,7 @@ def run_notebook(nb, trusted: TrustedAssignment, files: dict[str, Path], limits:
     """
     code = [(i, c) for i, c in enumerate(nb.cells) if c.cell_type == "code" and c.source.strip()]
     parts = {i: split_test(c.source) if role(c) == "test" else (c.source, "") for i, c in code}
-    hidden = {i: seeded(part[1], grading_seed(trusted, notebook, assignments.grade_id(nb.cells[i]) or str(i), student))
+    hidden = {i: seeded(part[1], grading_seed(trusted, notebook, assignments.grade_id(nb.cells[i]) or str(i), student), student)
               for i, part in parts.items() if part[1].strip()}
     job = {"cells": [{"index": i, "source": parts[i][0], "role": role(c), **({"hidden": len(hidden[i].encode())} if i in hidden else {})}
                      for i, c in code],
@@ -325,6 +326,7 @@ def split_test(source: str) -> tuple[str, str]:
 
 
 SEED_NAME = "GRADING_SEED"  # defined at the top of every hidden part: hidden tests take their random choices from it
+STUDENT_NAME = "GRADING_STUDENT"  # defined beside it: the roster id of the submission graded
 GRADER_MARK = "[grader] "  # the first line of every message the grader writes into a test cell's output
 _KNOWN = {"CellTimeoutError", "CpuLimitError", "RunnerError", "EOFError"}
 
