@@ -6,7 +6,7 @@ from helpers.core.lazy import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     ".report": ["Report", "column", "format_bytes", "format_seconds", "startswith"],
-    ".device": ["cpu_clock_ghz", "cpu_flags", "cpu_fp32_flops_per_cycle", "describe", "gpu_available", "peak_flops", "pick_device",
+    ".device": ["cpu_clock_ghz", "cpu_flags", "cpu_threads", "cpu_fp32_flops_per_cycle", "describe", "gpu_available", "peak_flops", "pick_device",
                 "synchronize"],
     ".timing": ["Measurement", "range_verdict", "time_interleaved", "time_once", "timeit"],
     ".load": ["LOAD_NOTE", "OtherLoad", "in_fresh_thread", "keep_torch_threads", "match_threads_to_load", "take_load_note"],
