@@ -265,6 +265,9 @@ def sandbox_environment(threads: int) -> dict[str, str]:
         # Outside Jupyter, tqdm's progress bars (MLflow's artifact downloads...) write to stderr, which fails a test
         # cell under nbgrader's rule; in a notebook they are widgets. Graded runs show none.
         "TQDM_DISABLE": "1",
+        # gRPC's core logs routine connection events on stderr at random (a GOAWAY when a test stops its own server
+        # while the client's connection closes): that would fail a gRPC test cell for the tests' own teardown.
+        "GRPC_VERBOSITY": "ERROR",
     }
 
 
