@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from importlib import metadata
 from pathlib import Path
 
 import httpx
 import pytest
 
 from helpers.serving.container_image import build_image, debian_suite, running_image
-from helpers.serving.dockerfile import clean_environment, image_plan, start_image_command
+from helpers.serving.dockerfile import clean_environment, image_plan, packages_weight, start_image_command
 from helpers.serving.model import mnist_model
 
 from .grading_support import ROOT
@@ -121,3 +122,17 @@ def test_the_clean_environment_links_a_distribution_from_where_it_was_installed(
     python = clean_environment(["edl-demo-dist==1.0"], tmp_path / "venv")
     done = subprocess.run([str(python), "-E", "-s", "-c", "import edl_demo_dist; print(edl_demo_dist.ANSWER)"], capture_output=True, text=True)
     assert done.stdout.strip() == "42", done.stderr
+
+
+def test_an_images_packages_are_weighed_with_what_they_need(tmp_path, monkeypatch):
+    """packages_weight adds up the files of the pip lines' distributions and of those they require, and nothing else."""
+    _distribution_outside_site_packages(tmp_path / "target", "edl_demo_dist")
+    monkeypatch.syspath_prepend(str(tmp_path / "target"))
+    own = sum(f.stat().st_size for f in (tmp_path / "target").rglob("*") if f.is_file())
+    (tmp_path / "Dockerfile").write_text('FROM python:3.11-slim\nRUN pip install edl-demo-dist==1.0\nCMD ["python"]\n')
+    assert packages_weight(tmp_path / "Dockerfile", tmp_path) == (own, ["edl-demo-dist"])
+    (tmp_path / "Dockerfile").write_text('FROM python:3.11-slim\nRUN pip install fastapi==0.165.0\nCMD ["python"]\n')
+    size, names = packages_weight(tmp_path / "Dockerfile", tmp_path)
+    assert {"fastapi", "starlette", "pydantic"} <= set(names) and "torch" not in names  # fastapi's requirements, not the kit's
+    fastapi_alone = sum(f.locate().stat().st_size for f in metadata.distribution("fastapi").files if f.locate().is_file())
+    assert size > fastapi_alone

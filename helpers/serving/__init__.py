@@ -20,6 +20,6 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     ".llm_server": ["CompletionsSender", "create_llm_app", "start_llm_service"],
     ".open_loop": ["HttpSender", "OpenLoopReport", "closed_loop_test", "open_loop_test", "poisson_schedule"],
     ".load": ["LoadReport", "RequestBreakdown", "load_test", "read_metrics", "request_breakdown"],
-    ".dockerfile": ["check_dockerfile", "start_image_command"],
+    ".dockerfile": ["check_dockerfile", "packages_weight", "start_image_command"],
     ".grpc_service": ["grpc_predict", "stubs"],
 })

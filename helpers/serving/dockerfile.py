@@ -204,6 +204,17 @@ def _installed_closure(requirements: list[str]):
     return chosen
 
 
+def packages_weight(dockerfile: str | Path, context: str | Path) -> tuple[int, list[str]]:
+    """What the image's pip lines install: (bytes on disk, the distributions' names), each requirement with everything
+    it needs, as this environment holds them (the same closure ``clean_environment`` links into the image's venv)."""
+    closure = _installed_closure(image_plan(dockerfile, context).requirements)
+    total = 0
+    for dist in closure.values():
+        root = Path(dist.locate_file(""))
+        total += sum((root / file).stat().st_size for file in dist.files or [] if (root / file).is_file())
+    return total, sorted(closure)
+
+
 def clean_environment(requirements: list[str], folder: Path) -> Path:
     """A virtual environment at ``folder`` holding only ``requirements`` and what they depend on; returns its python.
 
