@@ -101,6 +101,21 @@ def test_a_worker_that_dies_without_a_traceback_is_reported():
     assert caught.value.rank == 0
 
 
+def raise_before_a_peer_dies():
+    if dist.get_rank() == 0:
+        time.sleep(0.5)
+        os._exit(3)
+    raise RuntimeError("Connection reset by peer")  # what a collective raises once a peer has gone
+
+
+def test_a_silent_death_is_reported_ahead_of_the_errors_it_causes_in_its_peers():
+    """Under load the peers' errors can reach the parent before the death does: the death is still what is reported."""
+    with pytest.raises(WorkerError, match="exited with code 3") as caught:
+        launch(raise_before_a_peer_dies, 2, timeout=60, echo=False)
+    assert caught.value.rank == 0
+    assert any("rank 1 raised RuntimeError" in note for note in caught.value.__notes__)
+
+
 def hang_on_rank_zero():
     if dist.get_rank() == 0:
         time.sleep(600)

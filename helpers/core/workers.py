@@ -234,10 +234,35 @@ def _collect(procs, conns, world_size: int, timeout: float, logs: Path) -> list[
         ready = wait([conns[r] for r in pending] + [procs[r].sentinel for r in pending], timeout=remaining)
         for rank in pending:
             if conns[rank] in ready or (procs[rank].sentinel in ready and conns[rank].poll()):
-                results[rank] = _receive(conns[rank], procs[rank], rank, world_size, logs)
+                try:
+                    results[rank] = _receive(conns[rank], procs[rank], rank, world_size, logs)
+                except WorkerError as failure:
+                    died = _silent_death_among(procs, conns, [r for r in pending if r != rank], world_size, logs)
+                    if died is None:
+                        raise
+                    died.add_note(f"meanwhile rank {failure.rank} raised {failure.exc_type}: {failure.message}")
+                    raise died from None
             elif procs[rank].sentinel in ready:
                 raise _died(procs[rank], rank, world_size, logs)
     return [results[r] for r in range(world_size)]
+
+
+SILENT_DEATH_GRACE = 2.0  # seconds a reported failure waits for a peer's death without a traceback, its likely cause
+
+
+def _silent_death_among(procs, conns, ranks: list[int], world_size: int, logs: Path) -> WorkerError | None:
+    """A rank of ``ranks`` that died without a word within SILENT_DEATH_GRACE seconds, else None. Once one process is
+    gone, a collective fails in every other rank ("Connection reset by peer"), often before the parent sees the death:
+    the death is what to report."""
+    ready = wait([procs[r].sentinel for r in ranks], timeout=SILENT_DEATH_GRACE) if ranks else []
+    for rank in ranks:
+        if procs[rank].sentinel in ready:
+            try:
+                _receive(conns[rank], procs[rank], rank, world_size, logs)
+            except WorkerError as error:
+                if error.exc_type == "WorkerDied":
+                    return error
+    return None
 
 
 def _died(proc, rank: int, world_size: int, logs: Path) -> WorkerError:
