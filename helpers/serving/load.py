@@ -166,10 +166,11 @@ def taking_turns(items, round_: int) -> list:
     return items[shift:] + items[:shift]
 
 
-def read_metrics(base_url: str) -> dict[str, float]:
+def read_metrics(base_url: str, timeout: float = 60.0) -> dict[str, float]:
     """The service's /metrics, parsed with prometheus-client's own parser: {sample name{labels}: value}. Waits up to a
-    minute: right after a load test the service may still be working through the requests its clients gave up on."""
-    text = httpx.get(base_url.rstrip("/") + "/metrics", timeout=60).raise_for_status().text
+    minute by default: right after a load test the service may still be working through the requests its clients gave
+    up on."""
+    text = httpx.get(base_url.rstrip("/") + "/metrics", timeout=timeout).raise_for_status().text
     samples = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
